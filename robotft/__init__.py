@@ -1,0 +1,1 @@
+"""robotft: demonstrations to robot policies on real hardware."""

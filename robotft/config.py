@@ -1,0 +1,261 @@
+"""Typed dataclass configs, YAML presets found by name, and dotted CLI overrides.
+
+A preset is a YAML file in one of the top-level preset folders (`envs/`, `policies/`, `real_robot/`,
+`datasets/`); `--env maniskill/push_cube` finds `envs/maniskill/push_cube.yaml`. Any field can be
+overridden from the command line with a dotted flag (`--rl.clip_eps 0.01`). The resolved config is
+saved as JSON in every run directory and checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""Where the preset folders live (the repository root of an editable install)."""
+
+
+class ConfigError(ValueError):
+    """A config file, preset or override is wrong; the message names it and what was expected."""
+
+
+def preset_roots() -> list[Path]:
+    """Folders searched for presets: `$ROBOTFT_PRESETS` (os.pathsep-separated), the cwd, the repo."""
+    roots = [Path(p) for p in os.environ.get("ROBOTFT_PRESETS", "").split(os.pathsep) if p]
+    roots += [Path.cwd(), REPO_ROOT]
+    return roots
+
+
+def find_preset(folder: str, name: str) -> Path:
+    """Resolve a preset name (`maniskill/push_cube`) or a path to a YAML file."""
+    direct = Path(name)
+    if direct.suffix in (".yaml", ".yml") and direct.is_file():
+        return direct
+    tried = []
+    for root in preset_roots():
+        candidate = root / folder / f"{name}.yaml"
+        tried.append(str(candidate))
+        if candidate.is_file():
+            return candidate
+    available = sorted(
+        str(p.relative_to(REPO_ROOT / folder).with_suffix(""))
+        for p in (REPO_ROOT / folder).rglob("*.yaml")
+    ) if (REPO_ROOT / folder).is_dir() else []
+    raise ConfigError(
+        f"no {folder} preset named {name!r} (looked for {', '.join(tried)}); available: {available}"
+    )
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Convert `value` (from YAML, JSON or a CLI string) to the annotated type `tp`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        if isinstance(value, str) and value.lower() in ("none", "null") and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{where}: {value!r} does not match {tp}: {'; '.join(errors)}")
+    if _is_dataclass_type(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping for {tp.__name__}, got {value!r}")
+        return from_dict(tp, value, where=where)
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip().startswith("[") else [
+                v for v in value.split(",") if v
+            ]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        item_tp = args[0] if args else Any
+        items = [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if isinstance(value, str):
+            value = yaml.safe_load(value)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+        if f != int(f):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return int(f)
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
+    """Build dataclass `cls` from a nested dict; unknown keys are an error naming the key."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{where or cls.__name__}: unknown key(s) {unknown}; expected some of {sorted(fields)}"
+        )
+    kwargs = {
+        name: _coerce(value, hints[name], f"{where + '.' if where else ''}{name}")
+        for name, value in data.items()
+    }
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where or cls.__name__}: {e}") from e
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """JSON-serialisable dict of a (nested) dataclass config."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=list))
+
+
+def apply_overrides(cfg: T, overrides: dict[str, str]) -> T:
+    """Return a copy of `cfg` with dotted overrides applied: `{"rl.clip_eps": "0.01"}`."""
+    data = to_dict(cfg)
+    for dotted, raw in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                raise ConfigError(f"override --{dotted}: {part!r} is not a config section")
+            node = node[part]
+        if parts[-1] not in node:
+            raise ConfigError(
+                f"override --{dotted}: unknown field {parts[-1]!r}; expected one of {sorted(node)}"
+            )
+        node[parts[-1]] = raw
+    rebuilt = from_dict(type(cfg), data)
+    return rebuilt
+
+
+def parse_override_args(args: list[str]) -> dict[str, str]:
+    """Parse `--a.b value` / `--a.b=value` pairs left over by argparse into a dict."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r}; overrides look like --section.field VALUE")
+        key = arg[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"override --{key} needs a value")
+            value = args[i + 1]
+            i += 2
+        out[key.replace("-", "_")] = value
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Run configs shared by the stages. Policy configs live beside their policies (robotft.policies) and
+# are registered by name; RL algorithm configs live in robotft.rl.
+
+
+@dataclasses.dataclass
+class EnvConfig:
+    """A simulated task: which simulator, which task, how it is controlled and observed."""
+
+    backend: str = "toy"
+    """Simulator adapter: `maniskill` or `toy` (more in later versions)."""
+    task: str = "nav2d"
+    """Task id inside the backend, e.g. `PushCube-v1` for ManiSkill, `nav2d` for the toy suite."""
+    num_envs: int = 1
+    """Parallel environments. ManiSkill CPU: one per worker process; GPU: all in one process."""
+    sim_backend: str = "auto"
+    """ManiSkill physics backend: `auto` (GPU when CUDA is present), `physx_cpu` or `physx_cuda`."""
+    control_mode: str = "pd_ee_delta_pose"
+    """Action meaning; must match the dataset's and the rig's."""
+    obs_mode: str = "state"
+    """Observation mode: `state`, or `rgb` for camera observations."""
+    reward_mode: str = "normalized_dense"
+    """Reward: `normalized_dense`, `dense` or `sparse` (ManiSkill); `dense`/`sparse` for the toy suite."""
+    max_episode_steps: int = 100
+    """Episode limit in env steps (not chunks); motion-planned demos need >= 100 on ManiSkill."""
+    control_hz: float = 20.0
+    """Control rate in steps per second (ManiSkill default 20 Hz)."""
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Extra keyword arguments passed to the simulator's constructor."""
+
+    def __post_init__(self) -> None:
+        if self.num_envs < 1:
+            raise ValueError(f"env.num_envs must be >= 1, got {self.num_envs}")
+        if self.max_episode_steps < 1:
+            raise ValueError(f"env.max_episode_steps must be >= 1, got {self.max_episode_steps}")
+
+
+def load_env_config(name_or_path: str, overrides: dict[str, str] | None = None) -> EnvConfig:
+    """Load `envs/<name>.yaml` (or a YAML path) into an EnvConfig, then apply `overrides`."""
+    path = find_preset("envs", name_or_path)
+    cfg = from_dict(EnvConfig, load_yaml(path), where=str(path))
+    return apply_overrides(cfg, overrides) if overrides else cfg
+
+
+def resolve_device(device: str) -> str:
+    """`auto` → `cuda` when present, else `cpu`."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
