@@ -1,0 +1,240 @@
+"""Checkpoints: one directory, safetensors + JSON, written atomically, loaded without pickle.
+
+Layout (DESIGN.md):
+
+    <ckpt>/model.safetensors       policy weights shipped for evaluation/deployment (EMA where kept)
+    <ckpt>/config.json             {"policy": ..., "env": ..., "spec": ..., "run": ...}: rebuilds the policy
+    <ckpt>/normalizer.safetensors  dataset statistics (modes in the safetensors metadata)
+    <ckpt>/meta.json               stage, step, env steps, git revision, metrics, time
+    <ckpt>/training_state.*        optional: everything else a killed run needs to resume
+
+A run directory keeps numbered checkpoints in `checkpoints/step_XXXXXXXX/` and a `checkpoint` symlink
+to the newest; the directory and the link are each replaced atomically (write to a temp path, then
+rename), so a run killed at any moment leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+
+from robotft.datasets.normalizer import Normalizer
+from robotft.specs import EnvSpec
+
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+NORMALIZER_FILE = "normalizer.safetensors"
+META_FILE = "meta.json"
+STATE_TENSORS_FILE = "training_state.safetensors"
+STATE_JSON_FILE = "training_state.json"
+LATEST_LINK = "checkpoint"
+KEEP_LAST = 2
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete or inconsistent; the message names the file."""
+
+
+def git_revision() -> str:
+    """Short git revision of the robotft source tree, `unknown` outside a checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+# -- nested state (optimizer states, RNG states) to safetensors + JSON, no pickle ------------------
+
+
+def flatten_state(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """Replace every tensor in a nested dict/list structure by `{"__tensor__": name}`; collect them."""
+    if isinstance(obj, torch.Tensor):
+        name = f"{prefix}"
+        tensors[name] = obj.detach().cpu().contiguous()
+        return {"__tensor__": name}
+    if isinstance(obj, dict):
+        return {"__dict__": [[_key(k), flatten_state(v, f"{prefix}.{k}", tensors)] for k, v in obj.items()]}
+    if isinstance(obj, (list, tuple)):
+        return [flatten_state(v, f"{prefix}.{i}", tensors) for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store {type(obj).__name__} at {prefix!r} in a checkpoint")
+
+
+def _key(k: Any) -> Any:
+    # Optimizer states are keyed by int parameter ids; JSON object keys would turn them into strings.
+    if isinstance(k, (int, str)):
+        return k
+    raise TypeError(f"checkpoint state keys must be int or str, got {k!r}")
+
+
+def unflatten_state(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, dict) and "__tensor__" in obj:
+        return tensors[obj["__tensor__"]]
+    if isinstance(obj, dict) and "__dict__" in obj:
+        return {k: unflatten_state(v, tensors) for k, v in obj["__dict__"]}
+    if isinstance(obj, list):
+        return [unflatten_state(v, tensors) for v in obj]
+    return obj
+
+
+# -- writing ----------------------------------------------------------------------------------------
+
+
+def _atomic_dir(target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+
+
+def write_checkpoint(
+    target: str | Path,
+    *,
+    model_state: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    normalizer: Normalizer,
+    meta: dict[str, Any],
+    training_state: dict[str, Any] | None = None,
+) -> Path:
+    """Write a checkpoint directory at `target` atomically (replacing an existing one)."""
+    target = Path(target)
+    tmp = _atomic_dir(target)
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()}, tmp / MODEL_FILE)
+        save_file(normalizer.to_tensors(), tmp / NORMALIZER_FILE, metadata=normalizer.metadata())
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+        full_meta = {"git_revision": git_revision(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **meta}
+        (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2))
+        if training_state is not None:
+            tensors: dict[str, torch.Tensor] = {}
+            skeleton = flatten_state(training_state, "state", tensors)
+            save_file(tensors, tmp / STATE_TENSORS_FILE)
+            (tmp / STATE_JSON_FILE).write_text(json.dumps(skeleton))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def save_run_checkpoint(run_dir: str | Path, step: int, **kwargs: Any) -> Path:
+    """Write `run_dir/checkpoints/step_XXXXXXXX` and point `run_dir/checkpoint` at it atomically."""
+    run_dir = Path(run_dir)
+    ckpt = write_checkpoint(run_dir / "checkpoints" / f"step_{step:08d}", **kwargs)
+    link_tmp = run_dir / f".{LATEST_LINK}.tmp-{os.getpid()}"
+    if link_tmp.is_symlink() or link_tmp.exists():
+        link_tmp.unlink()
+    os.symlink(Path("checkpoints") / ckpt.name, link_tmp)
+    os.replace(link_tmp, run_dir / LATEST_LINK)
+    steps = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
+    for stale in steps[:-KEEP_LAST]:
+        shutil.rmtree(stale, ignore_errors=True)
+    return ckpt
+
+
+# -- reading ----------------------------------------------------------------------------------------
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory, or a run directory whose `checkpoint` link names the newest one."""
+    path = Path(path)
+    if (path / MODEL_FILE).is_file():
+        return path
+    if (path / LATEST_LINK / MODEL_FILE).is_file():
+        return (path / LATEST_LINK).resolve()
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint or run directory")
+    raise CheckpointError(
+        f"{path}: not a checkpoint (expected {MODEL_FILE}, or a run directory with a '{LATEST_LINK}' link)"
+    )
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint directory (no pickle anywhere)."""
+
+    path: Path
+    config: dict[str, Any]
+    meta: dict[str, Any]
+    model_state: dict[str, torch.Tensor]
+    normalizer: Normalizer
+
+    @property
+    def spec(self) -> EnvSpec:
+        return EnvSpec.from_dict(self.config["spec"])
+
+    def training_state(self) -> dict[str, Any] | None:
+        """Resume state, or None when the checkpoint was saved without one."""
+        skeleton_file = self.path / STATE_JSON_FILE
+        if not skeleton_file.is_file():
+            return None
+        tensors = load_file(self.path / STATE_TENSORS_FILE)
+        return unflatten_state(json.loads(skeleton_file.read_text()), tensors)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    ckpt = resolve_checkpoint(path)
+    config = _read_json(ckpt / CONFIG_FILE)
+    for key in ("policy", "spec"):
+        if key not in config:
+            raise CheckpointError(f"{ckpt / CONFIG_FILE}: missing key {key!r}")
+    meta = _read_json(ckpt / META_FILE)
+    norm_file = ckpt / NORMALIZER_FILE
+    if not norm_file.is_file():
+        raise CheckpointError(f"{norm_file}: missing")
+    with safe_open(norm_file, framework="pt") as f:
+        metadata = f.metadata() or {}
+    normalizer = Normalizer.from_tensors(load_file(norm_file), metadata)
+    return Checkpoint(ckpt, config, meta, load_file(ckpt / MODEL_FILE), normalizer)
+
+
+def load_policy(path: str | Path, device: str = "cpu"):
+    """Rebuild the policy stored in a checkpoint (or a run directory's newest checkpoint)."""
+    from robotft.config import from_dict
+    from robotft.policies.base import build_policy, policy_config_class
+
+    ckpt = read_checkpoint(path)
+    policy_cfg = from_dict(policy_config_class(ckpt.config["policy"]["type"]), ckpt.config["policy"])
+    policy = build_policy(policy_cfg, ckpt.spec, ckpt.normalizer)
+    missing, unexpected = policy.load_state_dict(ckpt.model_state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{ckpt.path / MODEL_FILE}: weights do not match the policy config "
+            f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
+    return policy.to(device).eval(), ckpt

@@ -1,0 +1,276 @@
+"""`robotft pretrain | finetune | eval | data ...`: the command line.
+
+Every config field can be overridden with a dotted flag after the named options, e.g.
+`robotft finetune --from runs/bc --algo dppo --rl.clip_eps 0.02 --env.num_envs 4`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from robotft.config import (
+    ConfigError,
+    EnvConfig,
+    apply_overrides,
+    find_preset,
+    from_dict,
+    load_env_config,
+    load_yaml,
+    parse_override_args,
+    to_dict,
+)
+
+
+def _split_overrides(overrides: dict[str, str], sections: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """Group `{"env.num_envs": "4", ...}` by their first component; unknown sections are an error."""
+    groups: dict[str, dict[str, str]] = {s: {} for s in sections}
+    for key, value in overrides.items():
+        section, _, rest = key.partition(".")
+        if not rest and "" in groups:
+            groups[""][key] = value
+            continue
+        if section not in groups or not rest:
+            raise ConfigError(f"unknown option --{key}; overrides start with one of {[s + '.' for s in sections]}")
+        groups[section][rest] = value
+    return groups
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+
+def cmd_data_generate(args: argparse.Namespace, extra: list[str]) -> int:
+    env_cfg = load_env_config(args.env, _split_overrides(parse_override_args(extra), ("env",))["env"])
+    mode = "append" if args.append else "overwrite" if args.overwrite else "create"
+    if env_cfg.backend == "maniskill":
+        from robotft.datasets.maniskill_demos import generate_maniskill_demos
+
+        stats = generate_maniskill_demos(env_cfg, args.episodes, args.out, seed=args.seed, mode=mode)
+    elif env_cfg.backend == "toy":
+        stats = _generate_toy(env_cfg, args.episodes, args.out, args.seed, mode)
+    else:
+        raise ConfigError(f"no demonstration generator for env backend {env_cfg.backend!r}")
+    print(json.dumps(stats, default=str))
+    return 0
+
+
+def _generate_toy(env_cfg: EnvConfig, episodes: int, out: str, seed: int, mode: str) -> dict:
+    from robotft.datasets.recording import record_rollouts
+    from robotft.datasets.store import DatasetWriter
+    from robotft.envs.factory import make_env
+    from robotft.envs.toy import make_expert
+
+    env = make_env(dataclasses.replace(env_cfg, num_envs=min(episodes, 64)), device="cpu")
+    features = {**env.spec.observations}
+    from robotft.specs import FeatureSpec
+
+    features["action"] = FeatureSpec("action", (env.spec.action.dim,), "float32", unit="normalized")
+    features["reward"] = FeatureSpec("reward", (), "float32")
+    features["success"] = FeatureSpec("success", (), "bool")
+    with DatasetWriter(out, features, fps=env_cfg.control_hz, action_spec=env.spec.action,
+                       env=to_dict(env_cfg), source=f"scripted expert on toy/{env_cfg.task}", mode=mode) as writer:
+        stats = record_rollouts(env, make_expert(env_cfg.task), episodes, writer, seed=seed, task=env_cfg.task)
+    env.close()
+    return stats
+
+
+def cmd_data_import(args: argparse.Namespace, extra: list[str]) -> int:
+    mode = "append" if args.append else "overwrite" if args.overwrite else "create"
+    from robotft.datasets.maniskill_demos import import_maniskill_h5
+
+    total = {}
+    for i, path in enumerate(args.files):
+        stats = import_maniskill_h5(path, args.out, control_mode=args.control_mode,
+                                    mode=mode if i == 0 else "append", only_success=not args.keep_failures)
+        total[str(path)] = stats
+    print(json.dumps(total, default=str))
+    return 0
+
+
+def cmd_data_info(args: argparse.Namespace, extra: list[str]) -> int:
+    from robotft.datasets.store import summarize
+
+    print(summarize(args.path))
+    return 0
+
+
+def cmd_data_validate(args: argparse.Namespace, extra: list[str]) -> int:
+    from robotft.datasets.store import DatasetError, validate_store
+
+    try:
+        validate_store(args.path)
+    except DatasetError as e:
+        print(f"INVALID: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.path}: valid")
+    return 0
+
+
+# -- pretrain / finetune / eval ---------------------------------------------------------------------
+
+
+def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
+    from robotft.policies.base import policy_config_class
+    from robotft.pretrain import PretrainConfig, TrainConfig, run_pretrain
+
+    groups = _split_overrides(parse_override_args(extra), ("env", "policy", "train"))
+    env_cfg = load_env_config(args.env, groups["env"])
+    policy_path = find_preset("policies", args.policy)
+    policy_data = load_yaml(policy_path)
+    if "type" not in policy_data:
+        raise ConfigError(f"{policy_path}: missing key 'type' (the registered policy name)")
+    policy_cfg = from_dict(policy_config_class(policy_data["type"]), policy_data, where=str(policy_path))
+    policy_cfg = apply_overrides(policy_cfg, groups["policy"]) if groups["policy"] else policy_cfg
+    train = TrainConfig(steps=args.steps, seed=args.seed)
+    train = apply_overrides(train, groups["train"]) if groups["train"] else train
+    cfg = PretrainConfig(data=args.data, out=args.out, env=env_cfg, train=train)
+    out = run_pretrain(cfg, policy_cfg, resume=args.resume)
+    print(f"checkpoint: {out / 'checkpoint'}\nlogs: tensorboard --logdir {out / 'tb'}", file=sys.stderr)
+    return 0
+
+
+def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
+    from robotft.finetune import FinetuneConfig, run_finetune
+
+    groups = _split_overrides(parse_override_args(extra), ("env", "policy", "rl", "dppo", ""))
+    env_cfg = None
+    if args.env:
+        env_cfg = load_env_config(args.env, groups["env"])
+    elif groups["env"]:
+        from robotft.checkpoint import read_checkpoint
+
+        base = from_dict(EnvConfig, read_checkpoint(args.source).config["env"])
+        env_cfg = apply_overrides(base, groups["env"])
+    cfg = FinetuneConfig(source=args.source, out=args.out, algo=args.algo, env=env_cfg, seed=args.seed)
+    cfg.rl.iterations = args.iterations
+    section_overrides = {f"{s}.{k}": v for s in ("rl", "dppo") for k, v in groups[s].items()}
+    section_overrides.update(groups[""])
+    cfg = apply_overrides(cfg, section_overrides) if section_overrides else cfg
+    out = run_finetune(cfg, policy_overrides=groups["policy"], resume=args.resume)
+    print(f"checkpoint: {out / 'checkpoint'}\nlearning curve: {out / 'learning_curve.png'}\n"
+          f"logs: tensorboard --logdir {out / 'tb'}", file=sys.stderr)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
+    from robotft.checkpoint import load_policy
+    from robotft.config import resolve_device
+    from robotft.envs.chunked import ChunkedEnv
+    from robotft.envs.factory import make_env
+    from robotft.evaluation import evaluate
+
+    device = resolve_device(args.device)
+    policy, ckpt = load_policy(args.checkpoint, device=device)
+    env_overrides = _split_overrides(parse_override_args(extra), ("env",))["env"]
+    for item in args.env_override or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--env-override expects KEY=VALUE, got {item!r}")
+        env_overrides[key] = value
+    env_cfg = load_env_config(args.env) if args.env else from_dict(EnvConfig, ckpt.config["env"])
+    env_cfg = dataclasses.replace(env_cfg, num_envs=args.num_envs)
+    env_cfg = apply_overrides(env_cfg, env_overrides) if env_overrides else env_cfg
+    env = make_env(env_cfg, device=device)
+    try:
+        chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
+        result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, args.episodes,
+                          seed=args.seed, video_path=args.video)
+    finally:
+        env.close()
+    lo, hi = result.ci95
+    print(f"{ckpt.path}: success {result.success_rate:.3f} (95% CI {lo:.3f}-{hi:.3f}) over {result.episodes} "
+          f"episodes, mean return {result.mean_return:.3f}, {result.seconds:.1f} s", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"success_rate": result.success_rate, "ci95": [lo, hi], "episodes": result.episodes,
+                          "mean_return": result.mean_return, "mean_length": result.mean_length,
+                          "checkpoint": str(ckpt.path)}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="robotft", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    data = sub.add_parser("data", help="create, import, inspect and validate datasets")
+    dsub = data.add_subparsers(dest="data_command", required=True)
+    g = dsub.add_parser("generate", help="scripted/motion-planned demonstrations into a dataset store")
+    g.add_argument("--env", required=True, help="env preset, e.g. maniskill/push_cube")
+    g.add_argument("--episodes", type=int, required=True)
+    g.add_argument("--out", required=True)
+    g.add_argument("--seed", type=int, default=0)
+    _add_write_mode(g)
+    g.set_defaults(func=cmd_data_generate)
+    im = dsub.add_parser("import", help="import ManiSkill .h5 trajectory files")
+    im.add_argument("files", nargs="+", type=Path)
+    im.add_argument("--out", required=True)
+    im.add_argument("--control-mode", default=None, help="expected control mode (checked)")
+    im.add_argument("--keep-failures", action="store_true", help="also import unsuccessful episodes")
+    _add_write_mode(im)
+    im.set_defaults(func=cmd_data_import)
+    info = dsub.add_parser("info", help="summarize a dataset store")
+    info.add_argument("path")
+    info.set_defaults(func=cmd_data_info)
+    val = dsub.add_parser("validate", help="check a dataset store; exit 1 when invalid")
+    val.add_argument("path")
+    val.set_defaults(func=cmd_data_validate)
+
+    pre = sub.add_parser("pretrain", help="BC pretraining on a dataset")
+    pre.add_argument("--env", required=True)
+    pre.add_argument("--policy", required=True, help="policy preset, e.g. diffusion_mlp")
+    pre.add_argument("--data", required=True)
+    pre.add_argument("--steps", type=int, default=2000)
+    pre.add_argument("--out", required=True)
+    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    pre.set_defaults(func=cmd_pretrain)
+
+    ft = sub.add_parser("finetune", help="RL fine-tuning in simulation")
+    ft.add_argument("--from", dest="source", required=True, help="pretrained checkpoint or run directory")
+    ft.add_argument("--algo", default="dppo")
+    ft.add_argument("--iterations", type=int, default=20)
+    ft.add_argument("--out", required=True)
+    ft.add_argument("--env", default=None, help="env preset (default: the checkpoint's env)")
+    ft.add_argument("--seed", type=int, default=0)
+    ft.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    ft.set_defaults(func=cmd_finetune)
+
+    ev = sub.add_parser("eval", help="evaluate a checkpoint in simulation")
+    ev.add_argument("checkpoint")
+    ev.add_argument("--episodes", type=int, default=50)
+    ev.add_argument("--num-envs", type=int, default=1)
+    ev.add_argument("--seed", type=int, default=12345)
+    ev.add_argument("--env", default=None, help="env preset (default: the checkpoint's env)")
+    ev.add_argument("--env-override", action="append", help="KEY=VALUE applied to the env config")
+    ev.add_argument("--video", default=None, help="write an MP4 of the first env's episodes")
+    ev.add_argument("--device", default="auto")
+    ev.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ev.set_defaults(func=cmd_eval)
+    return p
+
+
+def _add_write_mode(p: argparse.ArgumentParser) -> None:
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--append", action="store_true", help="add episodes to an existing store")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing store")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    try:
+        return args.func(args, extra)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        # Config, dataset and checkpoint errors are ValueErrors whose message names the file, key or value.
+        # ROBOTFT_DEBUG=1 shows the traceback instead.
+        if os.environ.get("ROBOTFT_DEBUG"):
+            raise
+        print(f"robotft: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""ManiSkill3 demonstrations without downloads: motion planning → replay into a control mode → import.
+
+ManiSkill's motion planner records `pd_joint_pos` trajectories without observations; its replay tool
+re-simulates them in the target control mode (e.g. `pd_ee_delta_pose`) and observation mode and
+writes a new .h5/.json pair, which `import_maniskill_h5` turns into a robotft store. Both ManiSkill
+tools run as subprocesses on the CPU backend (mplib segfaults under some numpy builds; a crash there
+must not take the caller down).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from robotft.config import EnvConfig
+from robotft.datasets.store import DatasetError, DatasetWriter
+from robotft.specs import ActionSpec, FeatureSpec
+
+DEFAULT_FPS = 20.0
+"""ManiSkill's default control frequency, used when the trajectory metadata does not record one."""
+
+# The planner's CLI always starts at seed 0; its `_main` takes the start seed, so call it directly.
+_PLANNER_DRIVER = """
+import sys
+from mani_skill.examples.motionplanning.panda import run
+seed = int(sys.argv[1])
+sys.argv = ["run", *sys.argv[2:]]
+run._main(run.parse_args(), start_seed=seed)
+"""
+
+
+def _run_streaming(cmd: list[str], what: str, progress: bool) -> None:
+    """Run `cmd`, forwarding its output to stderr when `progress`; raise with its tail on failure."""
+    tail = b""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        assert proc.stdout is not None
+        # Read raw chunks, not lines: tqdm redraws with "\r" and would otherwise appear only at the end.
+        while chunk := os.read(proc.stdout.fileno(), 4096):
+            tail = (tail + chunk)[-4000:]
+            if progress:
+                sys.stderr.write(chunk.decode(errors="replace"))
+                sys.stderr.flush()
+        rc = proc.wait()
+    if rc != 0:
+        raise RuntimeError(
+            f"{what} failed (exit code {rc}): {' '.join(cmd)}\n--- last output ---\n"
+            f"{tail.decode(errors='replace')}"
+        )
+
+
+def generate_maniskill_demos(
+    env_cfg: EnvConfig,
+    n_episodes: int,
+    out: str | Path,
+    seed: int = 0,
+    mode: str = "create",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Motion-plan `n_episodes` successful demos of `env_cfg.task`, replay them into
+    `env_cfg.control_mode` / `env_cfg.obs_mode` and write the store `out`.
+
+    Planning seeds start at `seed` and skip seeds the planner fails on. Returns stats:
+    `planned` (successful plans), `replayed` (successful replays), `kept` (episodes written),
+    `plan_seconds`, `replay_seconds`, `import_seconds`, `seconds` and `out`.
+    """
+    if env_cfg.backend != "maniskill":
+        raise ValueError(f"generate_maniskill_demos needs env.backend='maniskill', got {env_cfg.backend!r}")
+    if n_episodes < 1:
+        raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
+    t0 = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="robotft-msdemos-"))
+    try:
+        _run_streaming(
+            [
+                sys.executable, "-c", _PLANNER_DRIVER, str(seed),
+                "-e", env_cfg.task, "-n", str(n_episodes), "--only-count-success",
+                "-b", "cpu", "--record-dir", str(tmp), "--traj-name", "plan",
+            ],
+            "ManiSkill motion planning",
+            progress,
+        )
+        planned_h5 = tmp / env_cfg.task / "motionplanning" / "plan.h5"
+        planned = len(_read_json(planned_h5.with_suffix(".json"))["episodes"])
+        t1 = time.perf_counter()
+        _run_streaming(
+            [
+                sys.executable, "-m", "mani_skill.trajectory.replay_trajectory",
+                "--traj-path", str(planned_h5), "-b", "physx_cpu",
+                "-o", env_cfg.obs_mode, "-c", env_cfg.control_mode,
+                "--reward-mode", env_cfg.reward_mode, "--record-rewards", "--save-traj",
+            ],
+            "ManiSkill trajectory replay",
+            progress,
+        )
+        t2 = time.perf_counter()
+        # The replay tool names its output plan.<obs_mode>.<control_mode>.<backend>.h5.
+        converted = sorted(planned_h5.parent.glob(f"plan.{env_cfg.obs_mode}.{env_cfg.control_mode}.*.h5"))
+        if not converted:
+            raise RuntimeError(f"ManiSkill trajectory replay wrote no file next to {planned_h5}")
+        stats = import_maniskill_h5(
+            converted[0], out, control_mode=env_cfg.control_mode, mode=mode, task=env_cfg.task
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    t3 = time.perf_counter()
+    return {
+        "planned": planned,
+        "replayed": stats["successes"],
+        "kept": stats["kept"],
+        "plan_seconds": t1 - t0,
+        "replay_seconds": t2 - t1,
+        "import_seconds": t3 - t2,
+        "seconds": t3 - t0,
+        "out": str(out),
+    }
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise DatasetError(f"{path}: metadata file missing (ManiSkill writes a .json beside each .h5)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path}: not valid JSON: {e}") from e
+
+
+def import_maniskill_h5(
+    h5_path: str | Path,
+    out: str | Path,
+    *,
+    control_mode: str | None = None,
+    mode: str = "create",
+    only_success: bool = True,
+    task: str = "",
+) -> dict[str, Any]:
+    """Convert a ManiSkill trajectory file (+ its sibling .json) with flat `state` observations.
+
+    Per episode `traj_<id>`: `obs` `[T+1, D]` (the last observation is dropped so `state[t]` pairs
+    with `action[t]`), `actions` `[T, A]`, and `rewards` / `success` `[T]` where present. Everything
+    is read and checked before anything is written, so a bad file leaves `out` untouched.
+    `control_mode`, when given, must equal the file's. `task` defaults to the ManiSkill env id.
+
+    Returns `{"episodes", "successes", "kept", "steps", "state_dim", "act_dim"}`.
+    """
+    import h5py
+
+    h5_path = Path(h5_path)
+    if not h5_path.is_file():
+        raise DatasetError(f"{h5_path}: file not found")
+    meta = _read_json(h5_path.with_suffix(".json"))
+    env_info = meta.get("env_info")
+    if not isinstance(env_info, dict) or "env_id" not in env_info:
+        raise DatasetError(f"{h5_path.with_suffix('.json')}: missing key 'env_info.env_id'")
+    env_kwargs = env_info.get("env_kwargs", {})
+    file_mode = env_kwargs.get("control_mode")
+    if control_mode is not None and file_mode != control_mode:
+        raise DatasetError(
+            f"{h5_path}: control mode is {file_mode!r} (env_info.env_kwargs.control_mode), expected "
+            f"{control_mode!r}; convert it with mani_skill.trajectory.replay_trajectory -c {control_mode}"
+        )
+    if env_kwargs.get("obs_mode") != "state":
+        raise DatasetError(
+            f"{h5_path}: obs_mode is {env_kwargs.get('obs_mode')!r} (env_info.env_kwargs.obs_mode), "
+            f"expected 'state'; replay it with -o state"
+        )
+
+    episodes: list[dict[str, np.ndarray]] = []
+    successes = 0
+    with h5py.File(h5_path, "r") as f:
+        for ep in meta.get("episodes", []):
+            if not isinstance(ep, dict) or "episode_id" not in ep:
+                raise DatasetError(f"{h5_path.with_suffix('.json')}: an entry of 'episodes' has no 'episode_id'")
+            data = _read_episode(f, h5_path, f"traj_{ep['episode_id']}")
+            success = bool(ep.get("success", data["success"][-1] if "success" in data else False))
+            successes += success
+            if success or not only_success:
+                episodes.append(data)
+    if not episodes:
+        raise DatasetError(f"{h5_path}: no episodes to import (only_success={only_success})")
+    keys = set(episodes[0])
+    for i, ep in enumerate(episodes):
+        if set(ep) != keys:
+            raise DatasetError(f"{h5_path}: episode {i} has keys {sorted(ep)}, expected {sorted(keys)}")
+
+    state_dim, act_dim = episodes[0]["state"].shape[1], episodes[0]["action"].shape[1]
+    fps = float(env_kwargs.get("sim_config", {}).get("control_freq", DEFAULT_FPS))
+    features = {
+        # ManiSkill's flat state mixes joint angles (rad), velocities and poses (m, quaternions) in the
+        # world frame: honest units would need per-task names, which ManiSkill does not record.
+        "state": FeatureSpec("state", (state_dim,), "float32", unit="mixed", frame="world"),
+        # pd_ee_delta_pose actions are in [-1, 1]; the controller scales them to metres and radians.
+        "action": FeatureSpec("action", (act_dim,), "float32", unit="normalized", frame="robot_base"),
+    }
+    if "reward" in keys:
+        features["reward"] = FeatureSpec("reward", (), "float32", unit=env_kwargs.get("reward_mode", ""))
+    if "success" in keys:
+        features["success"] = FeatureSpec("success", (), "bool")
+    low, high = _action_bounds(env_info, act_dim)
+    action_spec = ActionSpec(
+        control_mode=file_mode or "", dim=act_dim, low=low, high=high, control_hz=fps, frame="robot_base"
+    )
+    env = {
+        "backend": "maniskill",
+        "env_id": env_info["env_id"],
+        "env_kwargs": env_kwargs,
+        "max_episode_steps": env_info.get("max_episode_steps"),
+    }
+    with DatasetWriter(
+        out, features, fps=fps, action_spec=action_spec, env=env,
+        source=f"maniskill-h5:{h5_path.name}", mode=mode,
+    ) as writer:
+        for ep in episodes:
+            writer.add_episode(ep, task=task or env_info["env_id"])
+    return {
+        "episodes": len(meta.get("episodes", [])),
+        "successes": successes,
+        "kept": len(episodes),
+        "steps": sum(len(ep["action"]) for ep in episodes),
+        "state_dim": state_dim,
+        "act_dim": act_dim,
+    }
+
+
+def _read_episode(f: Any, h5_path: Path, name: str) -> dict[str, np.ndarray]:
+    """One episode group → `{state, action[, reward][, success]}` with obs[T] dropped."""
+    import h5py
+
+    if name not in f:
+        raise DatasetError(f"{h5_path}: missing group {name!r} listed in the .json episodes")
+    g = f[name]
+    for key in ("obs", "actions"):
+        if key not in g:
+            raise DatasetError(f"{h5_path}: {name}/{key} missing")
+    if not isinstance(g["obs"], h5py.Dataset) or g["obs"].ndim != 2:
+        raise DatasetError(
+            f"{h5_path}: {name}/obs is not a flat [T+1, D] state array (obs_mode 'state' expected)"
+        )
+    actions = g["actions"][:]
+    obs = g["obs"][:]
+    if actions.ndim != 2 or len(obs) != len(actions) + 1:
+        raise DatasetError(
+            f"{h5_path}: {name}: obs has {len(obs)} steps and actions shape {actions.shape}, "
+            f"expected obs [T+1, D] and actions [T, A]"
+        )
+    out = {"state": obs[:-1].astype(np.float32), "action": actions.astype(np.float32)}
+    if "rewards" in g:
+        out["reward"] = g["rewards"][:].astype(np.float32)
+    if "success" in g:
+        out["success"] = g["success"][:].astype(bool)
+    for key, x in out.items():
+        if len(x) != len(actions):
+            raise DatasetError(f"{h5_path}: {name}: {key} has {len(x)} steps, expected {len(actions)}")
+    return out
+
+
+def _action_bounds(env_info: dict[str, Any], act_dim: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Action bounds from the recorded action space if the metadata has one, else [-1, 1] (the range
+    of ManiSkill's normalized controllers)."""
+    space = env_info.get("action_space")
+    if isinstance(space, dict) and len(space.get("low", ())) == act_dim == len(space.get("high", ())):
+        return tuple(map(float, space["low"])), tuple(map(float, space["high"]))
+    return (-1.0,) * act_dim, (1.0,) * act_dim

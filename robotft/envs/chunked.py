@@ -1,0 +1,149 @@
+"""The Env of DESIGN.md: chunked action execution, observation history and auto-reset on a BatchedEnv.
+
+One `step` executes the first `act_steps` actions of a predicted `[B, horizon, act_dim]` chunk. Each
+env's rewards are summed up to and including the step where its episode ended; the batched simulator
+keeps stepping finished envs with the rest of the chunk (it cannot step a subset), and those outputs
+are masked. At the end of the chunk finished envs are reset, their final history is kept in
+`info["final_obs"]` for bootstrapping on truncation, and the returned history is the new episode's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from robotft.envs.base import BatchedEnv, Obs
+from robotft.specs import EnvSpec
+
+
+class ChunkedEnv:
+    """Wrap `env` so observations are histories `[B, obs_steps, *shape]` and actions are chunks.
+
+    Per-episode seeds: `reset(seed)` seeds env i with `seed + i`; the k-th partial reset after it seeds
+    env i with `seed + k * num_envs + i`, so a whole run is reproducible from one seed.
+    """
+
+    def __init__(self, env: BatchedEnv, obs_steps: int, act_steps: int) -> None:
+        if obs_steps < 1 or act_steps < 1:
+            raise ValueError(f"obs_steps and act_steps must be >= 1, got {obs_steps} and {act_steps}")
+        if env.spec.action is None:
+            raise ValueError(f"{type(env).__name__} declares no action spec; ChunkedEnv needs act_dim")
+        self.env = env
+        self.obs_steps = obs_steps
+        self.act_steps = act_steps
+        self._history: Obs = {}
+        self._seed: int | None = None
+        self._num_partial_resets = 0
+        self._episode_return = torch.zeros(env.num_envs, device=env.device)
+        self._episode_length = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
+
+    @property
+    def num_envs(self) -> int:
+        return self.env.num_envs
+
+    @property
+    def device(self) -> torch.device:
+        return self.env.device
+
+    @property
+    def spec(self) -> EnvSpec:
+        return self.env.spec
+
+    @property
+    def act_dim(self) -> int:
+        return self.env.spec.action.dim
+
+    @property
+    def max_episode_steps(self) -> int:
+        """Episode limit in env steps (not chunks)."""
+        return self.env.max_episode_steps
+
+    def reset(self, seed: int | None = None) -> Obs:
+        """Reset every env; returns histories `[B, obs_steps, *shape]` padded with the first frame."""
+        self._seed = seed
+        self._num_partial_resets = 0
+        self._history = self._pad(self.env.reset(seed=seed))
+        self._episode_return.zero_()
+        self._episode_length.zero_()
+        return {k: v.clone() for k, v in self._history.items()}
+
+    def step(self, action_chunk: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        """Execute `action_chunk[:, :act_steps]` (chunk `[B, horizon >= act_steps, act_dim]`).
+
+        Returns `(obs, reward [B] float32, terminated [B] bool, truncated [B] bool, info)`; `obs` are the
+        histories after the chunk, of the new episode for envs that finished and were reset. `info`:
+        `done`, `success` (at each env's last valid step), `final_obs` (histories when each env
+        finished; equal to `obs` for envs not done), `episode_return` and `episode_length` (env steps;
+        valid where `done`), `steps` (env steps executed, `B * act_steps`).
+        """
+        if not self._history:
+            raise RuntimeError("ChunkedEnv.step called before reset")
+        chunk = self._check_chunk(action_chunk)
+        B, dev = self.num_envs, self.device
+        alive = torch.ones(B, dtype=torch.bool, device=dev)
+        reward_sum = torch.zeros(B, device=dev)
+        terminated = torch.zeros(B, dtype=torch.bool, device=dev)
+        truncated = torch.zeros(B, dtype=torch.bool, device=dev)
+        success = torch.zeros(B, dtype=torch.bool, device=dev)
+        for t in range(self.act_steps):
+            obs, reward, term, trunc, info = self.env.step(chunk[:, t])
+            reward_sum += torch.where(alive, reward.float(), 0.0)
+            self._episode_length += alive.long()
+            success = torch.where(alive, info["success"].bool(), success)
+            terminated |= alive & term
+            truncated |= alive & trunc
+            self._push(obs, alive)
+            alive = alive & ~(term | trunc)
+        done = ~alive
+        self._episode_return += reward_sum
+        info = {
+            "done": done,
+            "success": success,
+            "final_obs": {k: v.clone() for k, v in self._history.items()},
+            "episode_return": self._episode_return.clone(),
+            "episode_length": self._episode_length.clone(),
+            "steps": B * self.act_steps,
+        }
+        if done.any():
+            self._reset_done(done.nonzero().squeeze(-1))
+        return {k: v.clone() for k, v in self._history.items()}, reward_sum, terminated, truncated, info
+
+    def render_rgb(self) -> torch.Tensor | None:
+        """`[B, H, W, 3]` uint8 frame of the wrapped env, or None when it cannot render."""
+        return self.env.render_rgb()
+
+    def close(self) -> None:
+        self.env.close()
+
+    def _check_chunk(self, action_chunk: torch.Tensor) -> torch.Tensor:
+        shape = tuple(action_chunk.shape)
+        if (
+            action_chunk.ndim != 3
+            or shape[0] != self.num_envs
+            or shape[1] < self.act_steps
+            or shape[2] != self.act_dim
+        ):
+            raise ValueError(
+                f"action chunk has shape {list(shape)}; expected [num_envs={self.num_envs}, "
+                f"horizon>={self.act_steps} (act_steps), act_dim={self.act_dim}]"
+            )
+        return action_chunk.to(self.device)
+
+    def _pad(self, obs: Obs) -> Obs:
+        """History of a fresh episode: the first frame repeated `obs_steps` times."""
+        return {k: v.unsqueeze(1).repeat_interleave(self.obs_steps, dim=1) for k, v in obs.items()}
+
+    def _push(self, obs: Obs, alive: torch.Tensor) -> None:
+        """Append one frame to the histories of the `alive` envs (finished envs keep their final one)."""
+        for k, frame in obs.items():
+            rolled = torch.cat([self._history[k][:, 1:], frame.unsqueeze(1)], dim=1)
+            mask = alive.view(-1, *([1] * (rolled.ndim - 1)))
+            self._history[k] = torch.where(mask, rolled, self._history[k])
+
+    def _reset_done(self, ids: torch.Tensor) -> None:
+        self._num_partial_resets += 1
+        seed = None if self._seed is None else self._seed + self._num_partial_resets * self.num_envs
+        obs = self.env.reset(seed=seed, env_ids=ids)
+        for k, hist in self._pad({k: v[ids] for k, v in obs.items()}).items():
+            self._history[k][ids] = hist
+        self._episode_return[ids] = 0.0
+        self._episode_length[ids] = 0

@@ -1,0 +1,522 @@
+"""Diffusion policy: an MLP noise predictor over action chunks, DDPM/DDIM sampling, and DPPO's chain.
+
+BC pretraining is the ε-prediction objective of Ho et al. 2020 (arXiv 2006.11239, eq. 14). Sampling
+runs the reverse chain as Gaussian transitions (robotft.policies.denoising_chain); for RL the same
+transitions are scored, and the last `ft_denoising_steps` of them are fine-tuned with a trainable
+copy of the network, as in DPPO (Ren et al. 2024, arXiv 2409.00588, Sec. 4).
+
+Example:
+    config = DiffusionPolicyConfig(obs_steps=1, horizon_steps=8, act_steps=4)
+    policy = build_policy(config, spec, normalizer)
+    loss, metrics = policy.loss({"obs": {"state": s}, "action": a})  # s [B, 1, D], a [B, 8, A]
+    actions = policy.predict_chunk({"state": s})                       # [B, 8, A], env units
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from diffusers import DDPMScheduler
+from torch import nn
+
+from robotft.datasets.normalizer import Normalizer
+from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
+from robotft.policies.denoising_chain import Chain, gaussian_logprob
+from robotft.specs import EnvSpec
+
+SAMPLERS = ("ddpm", "ddim")
+
+
+@dataclasses.dataclass
+class DiffusionPolicyConfig(PolicyConfig):
+    """Diffusion policy with a residual-MLP noise predictor (defaults follow DPPO's MLP diffusion)."""
+
+    type: str = "diffusion_mlp"
+    """Registered policy name."""
+    hidden_dims: tuple[int, ...] = (512, 512, 512)
+    """Widths of the residual MLP's hidden layers (consecutive equal widths get a skip connection)."""
+    time_embed_dim: int = 16
+    """Size of the sinusoidal embedding of the diffusion timestep."""
+    num_train_timesteps: int = 20
+    """Diffusion timesteps T of the forward process (DPPO uses 20 to 100)."""
+    beta_schedule: str = "squaredcos_cap_v2"
+    """diffusers beta schedule; `squaredcos_cap_v2` is the cosine schedule of Nichol & Dhariwal 2021."""
+    prediction_type: str = "epsilon"
+    """What the network predicts; only `epsilon` (the noise) is implemented."""
+    sampler: str = "ddpm"
+    """`ddpm`: all T ancestral steps (Ho et al. 2020); `ddim`: `ddim_steps` steps (Song et al. 2021)."""
+    ddim_steps: int = 5
+    """Number of DDIM steps (timesteps spaced `trailing`, so the first step starts from t = T-1)."""
+    ddim_eta: float = 1.0
+    """DDIM η of stochastic sampling and of RL transitions (DPPO fine-tunes with η = 1); deterministic
+    sampling always uses η = 0."""
+    denoised_clip: float = 1.0
+    """Clip the predicted clean chunk x̂_0 to [-denoised_clip, denoised_clip] at every step (DPPO)."""
+    final_action_clip: float = 1.0
+    """Clip the normalized final chunk to [-final_action_clip, final_action_clip] before unnormalizing."""
+    ema_decay: float = 0.995
+    """Decay of the EMA of the network weights during BC; 0 turns EMA off."""
+    ema_warmup: bool = True
+    """Ramp the EMA decay as min(ema_decay, (1 + n) / (10 + n)) after n updates (diffusers' EMAModel)."""
+    ft_denoising_steps: int = 0
+    """Number of final denoising transitions fine-tuned by RL (DPPO's K'); 0 = not fine-tuned."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.prediction_type != "epsilon":
+            raise ValueError(f"policy.prediction_type: only 'epsilon' is implemented, got {self.prediction_type!r}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"policy.sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        if not 1 <= self.ddim_steps <= self.num_train_timesteps:
+            raise ValueError(
+                f"policy.ddim_steps must be in [1, num_train_timesteps={self.num_train_timesteps}], "
+                f"got {self.ddim_steps}"
+            )
+        if not 0 <= self.ft_denoising_steps <= self.num_denoising_steps:
+            raise ValueError(
+                f"policy.ft_denoising_steps must be in [0, {self.num_denoising_steps}] (the {self.sampler} "
+                f"sampler's steps), got {self.ft_denoising_steps}"
+            )
+        if self.denoised_clip <= 0 or self.final_action_clip <= 0:
+            raise ValueError(
+                f"policy.denoised_clip and policy.final_action_clip must be > 0, got "
+                f"{self.denoised_clip} and {self.final_action_clip}"
+            )
+        if not 0 <= self.ema_decay < 1:
+            raise ValueError(f"policy.ema_decay must be in [0, 1), got {self.ema_decay}")
+        if self.ddim_eta < 0:
+            raise ValueError(f"policy.ddim_eta must be >= 0, got {self.ddim_eta}")
+        if not self.hidden_dims:
+            raise ValueError("policy.hidden_dims must name at least one hidden layer")
+
+    @property
+    def num_denoising_steps(self) -> int:
+        """N, the number of transitions the configured sampler runs."""
+        return self.num_train_timesteps if self.sampler == "ddpm" else self.ddim_steps
+
+
+# --- the sampler's math: pure functions of the schedule, shared by sampling and scoring ------------
+
+
+def sampler_timesteps(num_train_timesteps: int, sampler: str, ddim_steps: int) -> torch.Tensor:
+    """Diffusion timesteps of the sampler's steps, from noisiest to cleanest: `[N]` long.
+
+    DDPM visits every t = T-1, ..., 0. DDIM uses `trailing` spacing t_i = round(T - i T / N) - 1
+    (Lin et al. 2024, arXiv 2305.08891, Table 2) so that its first step starts from pure noise.
+    """
+    if sampler == "ddpm":
+        return torch.arange(num_train_timesteps - 1, -1, -1)
+    steps = [round(num_train_timesteps - i * num_train_timesteps / ddim_steps) - 1 for i in range(ddim_steps)]
+    return torch.tensor(steps, dtype=torch.long)
+
+
+def predict_x0(
+    x_k: torch.Tensor, eps_hat: torch.Tensor, abar_t: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predicted clean sample and the noise consistent with it: `(x̂_0, ε̂)`, both shaped like `x_k`.
+
+    x̂_0 = (x_t - sqrt(1 - ᾱ_t) ε̂) / sqrt(ᾱ_t) (Ho et al. 2020 eq. 4 solved for x_0), clipped to
+    [-clip, clip] as DPPO does; ε̂ is then re-derived from the clipped x̂_0 so that DDIM's direction term
+    agrees with it (DPPO; diffusers' `use_clipped_model_output`). `abar_t` broadcasts to `x_k`.
+    """
+    x0 = ((x_k - (1 - abar_t).sqrt() * eps_hat) / abar_t.sqrt()).clamp(-clip, clip)
+    eps = (x_k - abar_t.sqrt() * x0) / (1 - abar_t).sqrt()
+    return x0, eps
+
+
+def posterior_std(abar_t: torch.Tensor, abar_prev: torch.Tensor) -> torch.Tensor:
+    """σ̃ = sqrt(β̃), β̃ = (1 - ᾱ_prev) / (1 - ᾱ_t) · (1 - ᾱ_t / ᾱ_prev).
+
+    The std of the DDPM posterior q(x_prev | x_t, x_0) (Ho et al. 2020 eq. 7, with the one-step β_t
+    written as 1 - ᾱ_t / ᾱ_prev so any subsequence of timesteps works), equal to DDIM's σ at η = 1
+    (Song et al. 2021, arXiv 2010.02502, eq. 16). Zero at the last step, where ᾱ_prev = 1.
+    """
+    return ((1 - abar_prev) / (1 - abar_t) * (1 - abar_t / abar_prev)).clamp(min=0).sqrt()
+
+
+def ddpm_mean(x_k: torch.Tensor, x0: torch.Tensor, abar_t: torch.Tensor, abar_prev: torch.Tensor) -> torch.Tensor:
+    """Mean of the DDPM posterior q(x_prev | x_t, x̂_0) (Ho et al. 2020 eq. 7):
+
+    μ̃ = sqrt(ᾱ_prev) β_t / (1 - ᾱ_t) · x̂_0 + sqrt(α_t) (1 - ᾱ_prev) / (1 - ᾱ_t) · x_t,
+    with α_t = ᾱ_t / ᾱ_prev and β_t = 1 - α_t.
+    """
+    alpha_t = abar_t / abar_prev
+    return (abar_prev.sqrt() * (1 - alpha_t) * x0 + alpha_t.sqrt() * (1 - abar_prev) * x_k) / (1 - abar_t)
+
+
+def ddim_mean(x0: torch.Tensor, eps: torch.Tensor, abar_prev: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """Mean of the DDIM transition with noise std σ (Song et al. 2021 eq. 12):
+
+    μ = sqrt(ᾱ_prev) x̂_0 + sqrt(1 - ᾱ_prev - σ²) ε̂.
+
+    The direction coefficient is clamped at 0 when an exploration std exceeds sqrt(1 - ᾱ_prev) (late
+    steps with a large `min_std`); the transition then is N(sqrt(ᾱ_prev) x̂_0, σ²).
+    """
+    return abar_prev.sqrt() * x0 + (1 - abar_prev - std**2).clamp(min=0).sqrt() * eps
+
+
+# --- network ---------------------------------------------------------------------------------------
+
+
+def sinusoidal_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Transformer position encoding of timesteps `[B]` → `[B, dim]` (Vaswani et al. 2017, Sec. 3.5;
+    used for diffusion time by Ho et al. 2020, Appendix B)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device) / max(half - 1, 1))
+    angles = t.float()[:, None] * freqs[None]
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
+class NoiseMLP(nn.Module):
+    """ε_θ(x_k, k, cond): a residual MLP on [x_k, time embedding, cond] (DPPO's DiffusionMLP)."""
+
+    def __init__(self, sample_dim: int, cond_dim: int, hidden_dims: tuple[int, ...], time_embed_dim: int):
+        super().__init__()
+        self.time_embed_dim = time_embed_dim
+        self.time_mlp = nn.Sequential(
+            nn.Linear(time_embed_dim, 2 * time_embed_dim), nn.Mish(), nn.Linear(2 * time_embed_dim, time_embed_dim)
+        )
+        self.inp = nn.Linear(sample_dim + time_embed_dim + cond_dim, hidden_dims[0])
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(hidden_dims[:-1], hidden_dims[1:], strict=True))
+        self.out = nn.Linear(hidden_dims[-1], sample_dim)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """`x` `[B, H*A]`, `t` `[B]` diffusion timesteps, `cond` `[B, F]` → predicted noise `[B, H*A]`."""
+        temb = self.time_mlp(sinusoidal_embedding(t, self.time_embed_dim))
+        h = self.inp(torch.cat([x, temb, cond], dim=1))
+        for layer in self.hidden:
+            y = layer(F.mish(h))
+            h = h + y if y.shape == h.shape else y  # pre-activation residual where widths allow
+        return self.out(F.mish(h))
+
+
+# --- policy ----------------------------------------------------------------------------------------
+
+
+class DiffusionPolicy(Policy):
+    """Diffusion policy over normalized action chunks `[B, H, A]`, conditioned on the obs history.
+
+    Networks: `net` is trained by BC; `ema_net` (when `ema_decay > 0`) is its EMA, which is the model
+    that samples and ships during pretraining. `enable_finetuning(k)` loads the EMA weights into `net`,
+    freezes it, drops the EMA, and adds `ft_net`, a trainable copy used for the last k transitions.
+    """
+
+    def __init__(self, config: DiffusionPolicyConfig, spec: EnvSpec, normalizer: Normalizer):
+        super().__init__()
+        self.config = dataclasses.replace(config)  # enable_finetuning edits it; keep the caller's intact
+        self.spec = spec
+        self.normalizer = normalizer
+        if spec.action is None:
+            raise ValueError("diffusion policy: the env spec has no action spec")
+        self.obs_shapes = self._check_obs_spec(config, spec, normalizer)
+        self.act_dim = spec.action.dim
+        sample_dim = config.horizon_steps * self.act_dim
+        cond_dim = sum(math.prod(shape) for shape in self.obs_shapes.values())
+
+        self.net = NoiseMLP(sample_dim, cond_dim, tuple(config.hidden_dims), config.time_embed_dim)
+        self.ema_net: NoiseMLP | None = None
+        if config.ema_decay > 0:
+            self.ema_net = copy.deepcopy(self.net).requires_grad_(False)
+            self.register_buffer("ema_updates", torch.zeros((), dtype=torch.long))
+        self.ft_net: NoiseMLP | None = None
+
+        # Training noise comes from diffusers; sampling reads the same alphas_cumprod.
+        self.scheduler = DDPMScheduler(
+            num_train_timesteps=config.num_train_timesteps,
+            beta_schedule=config.beta_schedule,
+            prediction_type=config.prediction_type,
+            clip_sample=False,
+        )
+        abar = self.scheduler.alphas_cumprod.float()
+        timesteps = sampler_timesteps(config.num_train_timesteps, config.sampler, config.ddim_steps)
+        abar_t = abar[timesteps]
+        abar_prev = torch.cat([abar_t[1:], torch.ones(1)])  # ᾱ after the last step is 1 (x_0 itself)
+        sigma = posterior_std(abar_t, abar_prev)
+        if config.sampler == "ddim":
+            sigma = config.ddim_eta * sigma
+        # Derived from the config, so not saved in checkpoints; buffers so they follow .to(device).
+        self.register_buffer("timesteps", timesteps, persistent=False)
+        self.register_buffer("abar_t", abar_t, persistent=False)
+        self.register_buffer("abar_prev", abar_prev, persistent=False)
+        self.register_buffer("sigma", sigma, persistent=False)
+        """`[N]` the model's own transition std σ_k at each step (DDPM posterior std, DDIM η σ̃)."""
+
+        if config.ft_denoising_steps > 0:
+            self.enable_finetuning(config.ft_denoising_steps)
+
+    @staticmethod
+    def _check_obs_spec(
+        config: DiffusionPolicyConfig, spec: EnvSpec, normalizer: Normalizer
+    ) -> dict[str, tuple[int, ...]]:
+        """Expected per-key obs shape without batch, `(obs_steps, *feature_shape)`; errors name the key."""
+        shapes = {}
+        for key in config.obs_keys:
+            if key.startswith(("rgb/", "depth/")):
+                raise ValueError(f"diffusion_mlp conditions on low-dim keys only; {key!r} needs an image encoder")
+            if key not in spec.observations:
+                raise KeyError(f"policy.obs_keys has {key!r}, not in the env spec's {sorted(spec.observations)}")
+            shapes[key] = (config.obs_steps, *spec.observations[key].shape)
+        missing = [k for k in [*config.obs_keys, "action"] if k not in normalizer.keys()]
+        if missing:
+            raise KeyError(f"normalizer has no statistics for {missing}; it has {normalizer.keys()}")
+        return shapes
+
+    # --- conditioning and units ---
+
+    def encode_obs(self, obs: Obs) -> torch.Tensor:
+        """The one place an obs dict becomes conditioning: normalized, flattened history `[B, F]`.
+
+        `obs[key]`: `[B, obs_steps, *feature_shape]` in env units for each of `config.obs_keys`.
+        """
+        parts = []
+        for key, shape in self.obs_shapes.items():
+            if key not in obs:
+                raise KeyError(f"observation key {key!r} missing: policy reads {list(self.obs_shapes)}, got {sorted(obs)}")
+            x = obs[key]
+            if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != shape:
+                raise ValueError(
+                    f"observation {key!r}: expected shape [B, {', '.join(map(str, shape))}] "
+                    f"(obs_steps={shape[0]}, feature shape {shape[1:]}), got {tuple(x.shape)}"
+                )
+            if parts and x.shape[0] != parts[0].shape[0]:
+                raise ValueError(f"observation {key!r}: batch size {x.shape[0]} differs from {parts[0].shape[0]}")
+            parts.append(self.normalizer.normalize(key, x).flatten(1))
+        return torch.cat(parts, dim=1)
+
+    def _check_chunk(self, name: str, x: torch.Tensor) -> None:
+        expected = (self.config.horizon_steps, self.act_dim)
+        if x.ndim != 3 or tuple(x.shape[1:]) != expected:
+            raise ValueError(f"{name}: expected shape [B, {expected[0]}, {expected[1]}], got {tuple(x.shape)}")
+
+    def _to_actions(self, x0: torch.Tensor) -> torch.Tensor:
+        """Final normalized sample `[B, H*A]` → env-unit chunk `[B, H, A]` (clipped first)."""
+        clip = self.config.final_action_clip
+        chunk = x0.clamp(-clip, clip).view(-1, self.config.horizon_steps, self.act_dim)
+        return self.normalizer.unnormalize("action", chunk)
+
+    # --- BC ---
+
+    def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        """ε-prediction MSE (Ho et al. 2020 eq. 14) of `net` with k ~ U{0, ..., T-1}.
+
+        `batch`: `{"obs": Obs, "action": [B, H, A]}` in env units.
+        """
+        cond = self.encode_obs(batch["obs"])
+        self._check_chunk("batch['action']", batch["action"])
+        x0 = self.normalizer.normalize("action", batch["action"]).flatten(1)
+        noise = torch.randn_like(x0)
+        t = torch.randint(0, self.config.num_train_timesteps, (x0.shape[0],), device=x0.device)
+        x_t = self.scheduler.add_noise(x0, noise, t)
+        loss = F.mse_loss(self.net(x_t, t, cond), noise)
+        return loss, {"bc_loss": loss.item()}
+
+    def on_train_step_end(self) -> None:
+        """EMA update ema ← decay · ema + (1 - decay) · net, with the warm-up of `config.ema_warmup`."""
+        if self.ema_net is None:
+            return
+        n = int(self.ema_updates)
+        decay = min(self.config.ema_decay, (1 + n) / (10 + n)) if self.config.ema_warmup else self.config.ema_decay
+        with torch.no_grad():
+            for e, p in zip(self.ema_net.parameters(), self.net.parameters(), strict=True):
+                e.lerp_(p, 1 - decay)
+        self.ema_updates += 1
+
+    def export_state_dict(self) -> dict[str, torch.Tensor]:
+        """Weights to ship: the EMA weights in place of `net`'s, without EMA bookkeeping."""
+        state = self.state_dict()
+        if self.ema_net is None:
+            return state
+        shipped = {k: v for k, v in state.items() if not k.startswith("ema_")}
+        shipped.update({f"net.{k}": v for k, v in self.ema_net.state_dict().items()})
+        return shipped
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """Load a `state_dict()` (resume) or an `export_state_dict()` (a shipped checkpoint); the latter has
+        no EMA entries, so the EMA starts from the weights it ships."""
+        if self.ema_net is not None and "ema_updates" not in state_dict:
+            state_dict = dict(state_dict)
+            net_keys = [k for k in state_dict if k.startswith("net.")]
+            state_dict.update({"ema_" + k: state_dict[k] for k in net_keys})
+            state_dict["ema_updates"] = torch.zeros((), dtype=torch.long)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    # --- the chain ---
+
+    @property
+    def num_denoising_steps(self) -> int:
+        """N, the number of transitions of the configured sampler."""
+        return self.config.num_denoising_steps
+
+    @property
+    def first_recorded_step(self) -> int:
+        """Index of the first transition an RL chain records and scores: N - ft_denoising_steps (0 if not
+        fine-tuning)."""
+        ft = self.config.ft_denoising_steps
+        return self.num_denoising_steps - ft if ft > 0 else 0
+
+    def enable_finetuning(self, ft_denoising_steps: int) -> None:
+        """Prepare DPPO fine-tuning of the last `ft_denoising_steps` transitions.
+
+        The pretrained model (the EMA weights, if kept) goes into `net`, which is frozen; `ft_net` is a
+        trainable copy of it used for the fine-tuned transitions. Recorded in `config.ft_denoising_steps`
+        so that a checkpoint rebuilds both networks.
+        """
+        if self.ft_net is not None:
+            raise RuntimeError(f"fine-tuning already enabled with ft_denoising_steps={self.config.ft_denoising_steps}")
+        if not 1 <= ft_denoising_steps <= self.num_denoising_steps:
+            raise ValueError(
+                f"ft_denoising_steps must be in [1, {self.num_denoising_steps}] (the {self.config.sampler} "
+                f"sampler's steps), got {ft_denoising_steps}"
+            )
+        if self.ema_net is not None:
+            self.net.load_state_dict(self.ema_net.state_dict())
+            self.ema_net = None
+            self.ema_updates = None
+        self.net.requires_grad_(False)
+        self.ft_net = copy.deepcopy(self.net).requires_grad_(True)
+        self.config.ft_denoising_steps = ft_denoising_steps
+
+    def _predict_eps(self, cond: torch.Tensor, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """ε̂ `[B, H*A]` for rows at sampler steps `index` `[B]`: `ft_net` for fine-tuned steps, else the
+        pretrained model (EMA weights while pretraining)."""
+        t = self.timesteps[index]
+        base = self.ema_net if self.ema_net is not None else self.net
+        if self.ft_net is None:
+            return base(x, t, cond)
+        use_ft = index >= self.first_recorded_step
+        eps = x.new_empty(x.shape)
+        for net, rows in ((self.ft_net, use_ft), (base, ~use_ft)):
+            if rows.any():
+                eps[rows] = net(x[rows], t[rows], cond[rows])
+        return eps
+
+    def _transition_std(self, index: torch.Tensor, min_std: float, deterministic: bool) -> torch.Tensor:
+        """Std `[B]` of the transitions at steps `index`.
+
+        Exploration (`deterministic=False`): max(σ_k, min_std), DPPO's min_sampling_denoising_std.
+        Deterministic: the model's own std with no exploration: DDPM's posterior σ̃_k, DDIM's η = 0 (0).
+        """
+        if deterministic:
+            return self.sigma[index] if self.config.sampler == "ddpm" else self.sigma.new_zeros(index.shape)
+        return self.sigma[index].clamp(min=min_std)
+
+    def _gaussian(
+        self, x: torch.Tensor, eps_hat: torch.Tensor, index: torch.Tensor, min_std: float, deterministic: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean `[B, H*A]` and std `[B, 1]` of x_prev given x `[B, H*A]` and the network's ε̂ at `index`."""
+        abar_t, abar_prev = self.abar_t[index, None], self.abar_prev[index, None]
+        x0, eps = predict_x0(x, eps_hat, abar_t, self.config.denoised_clip)
+        std = self._transition_std(index, min_std, deterministic)[:, None]
+        if self.config.sampler == "ddpm":
+            return ddpm_mean(x, x0, abar_t, abar_prev), std
+        return ddim_mean(x0, eps, abar_prev, std), std
+
+    def _check_scorable(self, index: torch.Tensor, min_std: float) -> None:
+        std = self._transition_std(index, min_std, deterministic=False)
+        if not bool((std > 0).all()):
+            zero = sorted({int(i) for i in index[std <= 0]})
+            raise ValueError(
+                f"transitions at steps {zero} have std 0 (a point mass, no log-density) with min_std={min_std}; "
+                "pass min_std > 0 to score them"
+            )
+
+    def _denoise(
+        self, cond: torch.Tensor, min_std: float, deterministic: bool, generator: torch.Generator | None, score: bool
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Run the whole chain from x_K ~ N(0, I). Returns the recorded latents (from step
+        `first_recorded_step` on, each `[B, H*A]`) and, if `score`, their transitions' log-densities under
+        the exploration transitions (std floor `min_std`), each `[B]`."""
+        batch, dim = cond.shape[0], self.config.horizon_steps * self.act_dim
+        first = self.first_recorded_step
+        x = torch.randn(batch, dim, generator=generator, device=cond.device)
+        latents, logprobs = [x] if first == 0 else [], []
+        for i in range(self.num_denoising_steps):
+            index = torch.full((batch,), i, dtype=torch.long, device=cond.device)
+            eps_hat = self._predict_eps(cond, x, index)
+            mean, std = self._gaussian(x, eps_hat, index, min_std, deterministic)
+            x_prev = mean + std * torch.randn(x.shape, generator=generator, device=x.device)
+            if score and i >= first:
+                # With noise off the sample came from the model's own transition; score it under the
+                # exploration transition all the same, so logprobs always mean the same distribution.
+                if deterministic:
+                    mean, std = self._gaussian(x, eps_hat, index, min_std, deterministic=False)
+                logprobs.append(gaussian_logprob(x_prev, mean, std))
+            if i + 1 == first or i >= first:
+                latents.append(x_prev)
+            x = x_prev
+        return latents, logprobs
+
+    @torch.no_grad()
+    def predict_chunk(
+        self, obs: Obs, deterministic: bool = True, *, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Actions `[B, H, A]` in env units: the full chain with exploration noise off (`deterministic`:
+        DDIM η = 0, DDPM with its own posterior std) or the model's stochastic sampler (DDIM η = ddim_eta).
+        """
+        latents, _ = self._denoise(self.encode_obs(obs), 0.0, deterministic, generator, score=False)
+        return self._to_actions(latents[-1])
+
+    @torch.no_grad()
+    def sample_chain(
+        self, obs: Obs, *, min_std: float = 0.0, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> Chain:
+        """Run the chain and record its last `ft_denoising_steps` transitions (all if 0), DPPO-style.
+
+        Exploration transitions have std max(σ_k, min_std) (DDIM: η chosen so that its std is this, Song
+        et al. eq. 12); `deterministic=True` takes the same path with the model's own std (DDIM η = 0).
+        Logprobs are always those of the exploration transitions, so `min_std` must make them non-zero.
+        """
+        cond = self.encode_obs(obs)
+        steps = torch.arange(self.first_recorded_step, self.num_denoising_steps, device=cond.device)
+        self._check_scorable(steps, min_std)
+        latents, logprobs = self._denoise(cond, min_std, deterministic, generator, score=True)
+        batch = cond.shape[0]
+        chunk = (batch, len(latents), self.config.horizon_steps, self.act_dim)
+        return Chain(
+            latents=torch.stack(latents, dim=1).view(chunk),
+            step_indices=steps,
+            logprob=torch.stack(logprobs, dim=1),
+            actions=self._to_actions(latents[-1]),
+        )
+
+    def transition_logprob(
+        self,
+        cond: torch.Tensor,
+        x_k: torch.Tensor,
+        x_prev: torch.Tensor,
+        step_index: torch.Tensor | int,
+        min_std: float,
+    ) -> torch.Tensor:
+        """Log-density `[B]` of x_prev `[B, H, A]` given x_k `[B, H, A]` under the exploration transition at
+        sampler step `step_index` (an int, or `[B]` with one step per row), with gradients through the
+        network of that step. `cond` `[B, F]` from `encode_obs`."""
+        self._check_chunk("x_k", x_k)
+        self._check_chunk("x_prev", x_prev)
+        batch = x_k.shape[0]
+        if cond.shape[0] != batch or x_prev.shape[0] != batch:
+            raise ValueError(f"batch sizes differ: cond {cond.shape[0]}, x_k {batch}, x_prev {x_prev.shape[0]}")
+        index = torch.as_tensor(step_index, dtype=torch.long, device=x_k.device).expand(batch)
+        self._check_scorable(index, min_std)
+        x = x_k.flatten(1)
+        mean, std = self._gaussian(x, self._predict_eps(cond, x, index), index, min_std, deterministic=False)
+        return gaussian_logprob(x_prev.flatten(1), mean, std)
+
+    def chain_logprob(self, obs: Obs, chain: Chain, min_std: float) -> torch.Tensor:
+        """Log-densities `[B, K]` of a recorded chain's transitions, all in one network call."""
+        cond = self.encode_obs(obs)
+        batch, k = chain.latents.shape[:2]
+        k -= 1
+        x_k, x_prev, index = chain.transitions()
+        cond = cond.repeat_interleave(k, dim=0)
+        return self.transition_logprob(cond, x_k, x_prev, index, min_std).view(batch, k)
+
+
+@register_policy("diffusion_mlp", DiffusionPolicyConfig)
+def build_diffusion_policy(config: DiffusionPolicyConfig, spec: EnvSpec, normalizer: Normalizer) -> DiffusionPolicy:
+    """The registered factory; a config with `ft_denoising_steps > 0` gets `ft_net` before weights load."""
+    return DiffusionPolicy(config, spec, normalizer)

@@ -1,0 +1,254 @@
+"""BC pretraining: fit a policy to a demonstration dataset, evaluate it in simulation, checkpoint it.
+
+`robotft pretrain --env maniskill/push_cube --policy diffusion_mlp --data demos.zarr --out runs/bc`.
+Checkpoints go to `<out>/checkpoints/step_*` with `<out>/checkpoint` pointing at the newest; `--resume`
+continues a killed run from there (weights, EMA, optimizer, LR schedule, RNG, step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from robotft import checkpoint as ckpt_io
+from robotft.config import EnvConfig, from_dict, resolve_device, to_dict
+from robotft.datasets.normalizer import Normalizer
+from robotft.datasets.sampler import SequenceSampler
+from robotft.datasets.store import ReplayBuffer
+from robotft.policies.base import Policy, PolicyConfig, build_policy
+from robotft.runlog import RunLogger
+from robotft.specs import EnvSpec
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """BC optimisation and bookkeeping."""
+
+    steps: int = 2000
+    """Gradient steps."""
+    batch_size: int = 256
+    """Samples (windows) per gradient step."""
+    lr: float = 1e-3
+    """Peak AdamW learning rate (cosine decay after warm-up)."""
+    weight_decay: float = 1e-6
+    """AdamW weight decay."""
+    warmup_steps: int = 100
+    """Linear LR warm-up steps."""
+    grad_clip: float = 1.0
+    """Gradient norm clip; 0 disables."""
+    log_every: int = 50
+    """Steps between TensorBoard scalars."""
+    eval_every: int = 0
+    """Steps between evaluations in simulation; 0 evaluates only at the end."""
+    eval_episodes: int = 20
+    """Episodes per evaluation; 0 disables evaluation."""
+    eval_num_envs: int = 1
+    """Parallel envs used for evaluation."""
+    save_every: int = 500
+    """Steps between checkpoints (the last step is always saved)."""
+    seed: int = 0
+    """Seed of sampling, initialisation and evaluation."""
+    device: str = "auto"
+    """`auto`, `cpu` or `cuda`."""
+
+
+@dataclasses.dataclass
+class PretrainConfig:
+    """A BC pretraining run (saved as `run` in every checkpoint's config.json)."""
+
+    data: str = ""
+    """Dataset store path (zarr replay buffer)."""
+    out: str = "runs/bc"
+    """Run directory."""
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    """Simulated task used for evaluation (and whose spec must match the dataset's)."""
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+
+
+def fit_normalizer(buffer: ReplayBuffer, policy_cfg: PolicyConfig) -> Normalizer:
+    """Statistics over the whole dataset for the policy's low-dim observation keys and the action."""
+    modes = {}
+    for key in policy_cfg.obs_keys:
+        feat = buffer.features[key]
+        modes[key] = "identity" if feat.dtype == "uint8" else policy_cfg.normalizer_mode
+    modes["action"] = policy_cfg.normalizer_mode
+    data = {k: buffer.array(k) for k in modes if modes[k] != "identity"}
+    for k, m in modes.items():
+        if m == "identity":
+            data[k] = np.zeros((1, *buffer.features[k].shape), dtype=np.float32)
+    return Normalizer.fit(data, modes)
+
+
+def check_dataset_matches_env(buffer: ReplayBuffer, env_spec: EnvSpec, policy_cfg: PolicyConfig) -> None:
+    """Refuse to train on data whose observation or action layout differs from the env's."""
+    problems = []
+    for key in policy_cfg.obs_keys:
+        if key not in buffer.features:
+            problems.append(f"dataset has no observation key {key!r} (has {sorted(buffer.features)})")
+            continue
+        if key in env_spec.observations and env_spec.observations[key].shape != buffer.features[key].shape:
+            problems.append(
+                f"{key!r}: dataset shape {buffer.features[key].shape} != env shape {env_spec.observations[key].shape}"
+            )
+    if env_spec.action is not None:
+        if buffer.features["action"].shape != (env_spec.action.dim,):
+            problems.append(
+                f"action: dataset shape {buffer.features['action'].shape} != env action dim {env_spec.action.dim}"
+            )
+        ds_mode = buffer.action_spec.control_mode if buffer.action_spec else None
+        if ds_mode and ds_mode != env_spec.action.control_mode:
+            problems.append(f"control mode: dataset {ds_mode!r} != env {env_spec.action.control_mode!r}")
+    if problems:
+        raise ValueError(f"dataset {buffer.path} does not match the env: " + "; ".join(problems))
+
+
+def _infinite(loader):
+    while True:
+        yield from loader
+
+
+def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = False) -> Path:
+    """Train, evaluate and checkpoint. Returns the run directory."""
+    from robotft.envs.factory import make_env
+
+    device = resolve_device(cfg.train.device)
+    torch.manual_seed(cfg.train.seed)
+    np.random.seed(cfg.train.seed)
+    out = Path(cfg.out)
+    buffer = ReplayBuffer.open(cfg.data)
+    env_spec = _env_spec(cfg.env)
+    check_dataset_matches_env(buffer, env_spec, policy_cfg)
+    spec = EnvSpec(observations={k: buffer.features[k] for k in policy_cfg.obs_keys}, action=env_spec.action)
+
+    start_step = 0
+    resume_state = None
+    if resume and (out / ckpt_io.LATEST_LINK).exists():
+        prev = ckpt_io.read_checkpoint(out)
+        resume_state = prev.training_state()
+        normalizer = prev.normalizer
+        start_step = int(prev.meta["step"])
+        print(f"resuming {out} from step {start_step}", file=sys.stderr)
+    else:
+        normalizer = fit_normalizer(buffer, policy_cfg)
+    policy = build_policy(policy_cfg, spec, normalizer).to(device)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    from diffusers.optimization import get_cosine_schedule_with_warmup
+
+    scheduler = get_cosine_schedule_with_warmup(optimizer, cfg.train.warmup_steps, cfg.train.steps)
+    if resume_state is not None:
+        policy.load_state_dict(resume_state["policy"])
+        optimizer.load_state_dict(resume_state["optimizer"])
+        scheduler.load_state_dict(resume_state["scheduler"])
+        torch.set_rng_state(resume_state["torch_rng"])
+
+    sampler = SequenceSampler(buffer, policy_cfg.obs_keys, policy_cfg.obs_steps, policy_cfg.horizon_steps)
+    generator = torch.Generator().manual_seed(cfg.train.seed + start_step)
+    loader = torch.utils.data.DataLoader(
+        sampler, batch_size=cfg.train.batch_size, shuffle=True, drop_last=len(sampler) > cfg.train.batch_size,
+        generator=generator,
+    )
+    batches = _infinite(loader)
+    run_config = {"stage": "pretrain", **to_dict(cfg)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps({"run": run_config, "policy": to_dict(policy_cfg)}, indent=2))
+
+    def save(step: int, metrics: dict[str, Any]) -> None:
+        ckpt_io.save_run_checkpoint(
+            out,
+            step,
+            model_state=policy.export_state_dict(),
+            config={"policy": to_dict(policy_cfg), "env": to_dict(cfg.env), "spec": spec.to_dict(), "run": run_config},
+            normalizer=normalizer,
+            meta={"stage": "pretrain", "step": step, "env_steps": 0, "metrics": metrics, "dataset": str(cfg.data)},
+            training_state={
+                "policy": policy.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+            },
+        )
+
+    metrics: dict[str, Any] = {}
+    with RunLogger(out) as log:
+        bar = tqdm(range(start_step, cfg.train.steps), desc="pretrain", initial=start_step,
+                   total=cfg.train.steps, dynamic_ncols=True, file=sys.stderr)
+        t0, last_log = time.perf_counter(), start_step
+        for step in bar:
+            policy.train()
+            batch = _to_device(next(batches), device)
+            loss, loss_metrics = policy.loss(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.train.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.train.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            policy.on_train_step_end()
+            done = step + 1
+            if done % cfg.train.log_every == 0 or done == cfg.train.steps:
+                elapsed = time.perf_counter() - t0
+                rate = (done - last_log) * cfg.train.batch_size / max(elapsed, 1e-9)
+                t0, last_log = time.perf_counter(), done
+                log.log(done, {"train/loss": loss.item(), "train/lr": scheduler.get_last_lr()[0],
+                               "train/samples_per_s": rate, **{f"train/{k}": v for k, v in loss_metrics.items()}})
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+            want_eval = cfg.train.eval_episodes > 0 and (
+                done == cfg.train.steps or (cfg.train.eval_every > 0 and done % cfg.train.eval_every == 0)
+            )
+            if want_eval:
+                result = evaluate_in_env(policy, cfg.env, cfg.train.eval_episodes, cfg.train.eval_num_envs,
+                                         cfg.train.seed + 1_000_000, device, make_env)
+                metrics = {"success_rate": result.success_rate, "ci95": list(result.ci95),
+                           "mean_return": result.mean_return}
+                log.log(done, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return})
+                tqdm.write(f"step {done}: success {result.success_rate:.2f} "
+                           f"(95% CI {result.ci95[0]:.2f}-{result.ci95[1]:.2f})", file=sys.stderr)
+            if done % cfg.train.save_every == 0 or done == cfg.train.steps:
+                save(done, metrics)
+        bar.close()
+    return out
+
+
+def evaluate_in_env(policy: Policy, env_cfg: EnvConfig, episodes: int, num_envs: int, seed: int,
+                    device: str, make_env) -> Any:
+    from robotft.envs.chunked import ChunkedEnv
+    from robotft.evaluation import evaluate
+
+    env = make_env(dataclasses.replace(env_cfg, num_envs=num_envs), device=device)
+    try:
+        chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
+        policy.eval()
+        return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, episodes, seed=seed)
+    finally:
+        env.close()
+
+
+def _env_spec(env_cfg: EnvConfig) -> EnvSpec:
+    """The env's spec, from a one-env instance (cheap for every backend but rendering ones)."""
+    from robotft.envs.factory import make_env
+
+    env = make_env(dataclasses.replace(env_cfg, num_envs=1), device="cpu")
+    try:
+        return env.spec
+    finally:
+        env.close()
+
+
+def _to_device(batch: Any, device: str) -> Any:
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    return batch
+
+
+def load_pretrain_config(data: dict[str, Any]) -> PretrainConfig:
+    return from_dict(PretrainConfig, data)

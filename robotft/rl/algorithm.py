@@ -1,0 +1,73 @@
+"""What a fine-tuning algorithm tells the PPO core: how actions are sampled and scored.
+
+The PPO core (robotft.rl.ppo) owns rollouts, GAE, the critic and the clipped objective. An algorithm
+file (ppo for Gaussian policies, dppo, reinflow, flow_sde, residual_ppo) only implements this class.
+An action may be scored as K transitions (DPPO scores K denoising steps of one chunk); the core then
+computes a ratio per transition and weights the chunk's advantage per transition.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from robotft.envs.base import Obs
+from robotft.policies.base import Policy
+
+
+@dataclass
+class ActOutput:
+    """One batched action sample."""
+
+    actions: torch.Tensor
+    """`[B, horizon_steps, act_dim]` in env units, what the env executes."""
+    sample: dict[str, torch.Tensor]
+    """Tensors `[B, ...]` that `logprob` needs to re-score this action later (stored in the buffer)."""
+    logprob: torch.Tensor
+    """`[B, K]` log-probabilities of the K scored transitions, as used in the PPO ratio."""
+
+
+class Algorithm(abc.ABC):
+    """Sampling and scoring rules of one fine-tuning algorithm over a policy."""
+
+    name: str
+    policy: Policy
+
+    @abc.abstractmethod
+    def act(self, obs: Obs, deterministic: bool = False) -> ActOutput:
+        """Sample actions for a batch of observation histories (no gradients needed)."""
+
+    @abc.abstractmethod
+    def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`[N, K]` log-probabilities of stored samples under the current parameters (with gradients)."""
+
+    @abc.abstractmethod
+    def actor_parameters(self) -> list[nn.Parameter]:
+        """Exactly the parameters the policy loss trains (frozen parts excluded)."""
+
+    def num_scored(self) -> int:
+        """K, the number of scored transitions per action."""
+        return 1
+
+    def advantage_weights(self) -> torch.Tensor:
+        """`[K]` multipliers on the chunk advantage per transition (DPPO's denoising discount)."""
+        return torch.ones(self.num_scored())
+
+    def clip_coefs(self, clip_eps: float) -> torch.Tensor:
+        """`[K]` PPO clip ranges per transition."""
+        return torch.full((self.num_scored(),), clip_eps)
+
+    def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Additional actor loss terms (entropy bonus, BC regularizer); zero by default."""
+        return torch.zeros((), device=next(iter(obs.values())).device), {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Algorithm state beyond the policy weights (e.g. a learned noise net), for resume."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless by default
+        """Restore `state_dict()`."""

@@ -1,0 +1,51 @@
+"""The state-value critic V(s) on the policy's (normalized) observation history."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from robotft.datasets.normalizer import Normalizer
+from robotft.envs.base import Obs
+
+
+class ValueCritic(nn.Module):
+    """MLP V(s) over the flattened, normalized low-dim observation history `[B, obs_steps, D]`.
+
+    `extra_dim` adds inputs concatenated after the observation (residual PPO feeds the base action)."""
+
+    def __init__(
+        self,
+        obs_keys: list[str],
+        obs_dim: int,
+        normalizer: Normalizer,
+        hidden_dims: tuple[int, ...] = (256, 256, 256),
+        extra_dim: int = 0,
+    ) -> None:
+        super().__init__()
+        self.obs_keys = list(obs_keys)
+        self.normalizer = normalizer
+        layers: list[nn.Module] = []
+        width = obs_dim + extra_dim
+        for h in hidden_dims:
+            layers += [nn.Linear(width, h), nn.Mish()]
+            width = h
+        layers.append(nn.Linear(width, 1))
+        self.net = nn.Sequential(*layers)
+
+    def features(self, obs: Obs) -> torch.Tensor:
+        parts = []
+        for key in self.obs_keys:
+            if key not in obs:
+                raise KeyError(f"critic needs observation key {key!r}; got {sorted(obs)}")
+            x = obs[key]
+            x = self.normalizer.normalize(key, x) if key in self.normalizer.keys() else x.float()
+            parts.append(x.reshape(x.shape[0], -1))
+        return torch.cat(parts, dim=-1)
+
+    def forward(self, obs: Obs, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """`[B]` values."""
+        x = self.features(obs)
+        if extra is not None:
+            x = torch.cat([x, extra.reshape(x.shape[0], -1)], dim=-1)
+        return self.net(x).squeeze(-1)

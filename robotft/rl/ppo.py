@@ -1,0 +1,256 @@
+"""The one PPO core every fine-tuning algorithm runs on (Schulman et al. 2017, arXiv 1707.06347).
+
+Read top to bottom: `collect` rolls the policy out for `steps_per_iter` chunks in every env, folding the
+critic's value of the final observation into the reward on truncation; `update` computes GAE and runs
+clipped-objective epochs over minibatches with a clipped value loss, gradient clipping and a KL early
+stop. During the first `critic_warmup_iters` iterations only the critic trains. What is sampled and how it
+is scored comes from an `Algorithm` (robotft.rl.algorithm).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from robotft.envs.chunked import ChunkedEnv
+from robotft.rl.algorithm import Algorithm
+from robotft.rl.buffer import RolloutBuffer, RunningRewardScaler, compute_gae
+from robotft.rl.critic import ValueCritic
+
+
+@dataclass
+class PPOConfig:
+    """Hyper-parameters of the PPO core (per-chunk MDP: one transition = one executed chunk)."""
+
+    iterations: int = 20
+    """Training iterations (collect + update)."""
+    steps_per_iter: int = 50
+    """Chunks collected per env per iteration."""
+    gamma: float = 0.99
+    """Discount per chunk."""
+    gae_lambda: float = 0.95
+    """GAE λ."""
+    update_epochs: int = 5
+    """Passes over the rollout per iteration."""
+    minibatch_size: int = 500
+    """Chunks per gradient step (capped at the rollout size)."""
+    actor_lr: float = 1e-4
+    """Learning rate of the trained policy parameters."""
+    critic_lr: float = 1e-3
+    """Learning rate of the critic."""
+    clip_eps: float = 0.01
+    """PPO ratio clip range (DPPO uses 0.01 on its per-dimension mean log-ratio)."""
+    clip_value: float = 0.0
+    """Value-loss clip range around the old value; 0 disables clipping."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    target_kl: float = 1.0
+    """Stop the epoch loop when the approximate KL exceeds this; 0 disables the early stop."""
+    max_grad_norm: float = 1.0
+    """Gradient norm clip for actor and critic."""
+    critic_warmup_iters: int = 2
+    """Iterations at the start that train only the critic."""
+    reward_scale: bool = True
+    """Divide rewards by the running std of the discounted return."""
+    norm_adv: bool = True
+    """Normalize advantages over the batch."""
+    critic_hidden: tuple[int, ...] = (256, 256, 256)
+    """Critic MLP widths."""
+
+    def __post_init__(self) -> None:
+        for name in ("iterations", "steps_per_iter", "update_epochs", "minibatch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError(f"rl.gamma must be in (0, 1] and rl.gae_lambda in [0, 1]; got {self.gamma}, {self.gae_lambda}")
+
+
+@dataclass
+class RolloutStats:
+    """What one `collect` call saw."""
+
+    env_steps: int
+    episodes: int
+    successes: int
+    episode_returns: list[float]
+    seconds: float
+
+
+class PPO:
+    """Collects chunked rollouts from a ChunkedEnv and updates an Algorithm's policy and a critic."""
+
+    def __init__(self, algo: Algorithm, critic: ValueCritic, env: ChunkedEnv, cfg: PPOConfig, seed: int = 0):
+        self.algo, self.critic, self.env, self.cfg = algo, critic, env, cfg
+        self.device = env.device
+        self.actor_opt = torch.optim.AdamW(algo.actor_parameters(), lr=cfg.actor_lr, weight_decay=0.0)
+        self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
+        self.reward_scaler = RunningRewardScaler(env.num_envs, cfg.gamma, self.device)
+        self.iteration = 0
+        self.env_steps = 0
+        self.seed = seed
+        self._obs = None
+        self._episode_seed = seed
+
+    # -- rollout ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def collect(self) -> tuple[RolloutBuffer, torch.Tensor, RolloutStats]:
+        """Roll out `steps_per_iter` chunks per env. Returns the buffer, V(s_T) `[B]` and stats."""
+        cfg, env = self.cfg, self.env
+        if self._obs is None:
+            self._obs = env.reset(seed=self.seed + 10_000 * self.iteration)
+        buf = RolloutBuffer(cfg.steps_per_iter, env.num_envs, self.device)
+        t0 = time.perf_counter()
+        episodes = successes = steps = 0
+        returns: list[float] = []
+        self.algo.policy.eval()
+        for _ in range(cfg.steps_per_iter):
+            obs = self._obs
+            out = self.algo.act(obs, deterministic=False)
+            value = self.critic(obs)
+            next_obs, reward, terminated, truncated, info = env.step(out.actions)
+            done = terminated | truncated
+            if cfg.reward_scale:
+                reward = self.reward_scaler(reward, done)
+            # Truncation is not termination: bootstrap from the value of the observation it stopped at.
+            bootstrap = truncated & ~terminated
+            if bootstrap.any():
+                final_value = self.critic(info["final_obs"])
+                reward = reward + cfg.gamma * final_value * bootstrap.float()
+            buf.add(obs, out.sample, out.logprob, value, reward, done)
+            self._obs = next_obs
+            steps += int(info["steps"])
+            if done.any():
+                episodes += int(done.sum())
+                successes += int((info["success"] & done).sum())
+                returns += info["episode_return"][done].tolist()
+        next_value = self.critic(self._obs)
+        self.env_steps += steps
+        stats = RolloutStats(steps, episodes, successes, returns, time.perf_counter() - t0)
+        return buf, next_value, stats
+
+    # -- update -----------------------------------------------------------------------------------
+
+    def update(self, buf: RolloutBuffer, next_value: torch.Tensor) -> dict[str, float]:
+        """GAE, then clipped PPO epochs. Returns mean metrics over the gradient steps taken."""
+        cfg, algo = self.cfg, self.algo
+        advantages, returns = compute_gae(
+            buf.rewards, buf.values, buf.dones, next_value, cfg.gamma, cfg.gae_lambda
+        )
+        flat = buf.flat()
+        obs, samples = flat["obs"], flat["samples"]
+        old_logp, old_values = flat["logprobs"], flat["values"]
+        advantages, returns = advantages.reshape(-1), returns.reshape(-1)
+        n = advantages.shape[0]
+        mb = min(cfg.minibatch_size, n)
+        train_actor = self.iteration >= cfg.critic_warmup_iters
+        weights = algo.advantage_weights().to(self.device)
+        clip = algo.clip_coefs(cfg.clip_eps).to(self.device)
+        metrics: dict[str, list[float]] = {}
+        self.algo.policy.train()
+        stop = False
+        for _epoch in range(cfg.update_epochs):
+            perm = torch.randperm(n, device=self.device)
+            for start in range(0, n - mb + 1, mb):
+                idx = perm[start : start + mb]
+                mb_obs = {k: v[idx] for k, v in obs.items()}
+                v_loss = self._value_loss(mb_obs, returns[idx], old_values[idx])
+                loss = cfg.vf_coef * v_loss
+                step_metrics = {"value_loss": v_loss.item()}
+                if train_actor:
+                    mb_samples = {k: v[idx] for k, v in samples.items()}
+                    pg_loss, kl, pg_metrics = self._policy_loss(
+                        mb_obs, mb_samples, old_logp[idx], advantages[idx], weights, clip
+                    )
+                    extra, extra_metrics = algo.extra_loss(mb_obs, mb_samples)
+                    loss = loss + pg_loss + extra
+                    step_metrics.update(pg_metrics, **extra_metrics)
+                    if cfg.target_kl > 0 and kl > cfg.target_kl:
+                        stop = True
+                        break
+                self.actor_opt.zero_grad(set_to_none=True)
+                self.critic_opt.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
+                self.critic_opt.step()
+                if train_actor:
+                    step_metrics["actor_grad_norm"] = float(
+                        nn.utils.clip_grad_norm_(algo.actor_parameters(), cfg.max_grad_norm)
+                    )
+                    self.actor_opt.step()
+                for k, v in step_metrics.items():
+                    metrics.setdefault(k, []).append(v)
+            if stop:
+                break
+        self.iteration += 1
+        out = {k: float(np.mean(v)) for k, v in metrics.items()}
+        out["explained_variance"] = explained_variance(buf.values.reshape(-1), returns)
+        out["kl_early_stop"] = float(stop)
+        out["actor_trained"] = float(train_actor)
+        return out
+
+    def _value_loss(self, obs, returns: torch.Tensor, old_values: torch.Tensor) -> torch.Tensor:
+        """0.5 (V - R)², optionally clipped around the old value (PPO2's clipped value loss)."""
+        values = self.critic(obs)
+        unclipped = (values - returns) ** 2
+        if self.cfg.clip_value <= 0:
+            return 0.5 * unclipped.mean()
+        clipped_v = old_values + (values - old_values).clamp(-self.cfg.clip_value, self.cfg.clip_value)
+        return 0.5 * torch.max(unclipped, (clipped_v - returns) ** 2).mean()
+
+    def _policy_loss(self, obs, samples, old_logp, adv, weights, clip):
+        """Clipped surrogate per scored transition: max(-A w_k r_k, -A w_k clip(r_k, 1±ε_k)), mean."""
+        if self.cfg.norm_adv and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        new_logp = self.algo.logprob(obs, samples)
+        logratio = new_logp - old_logp
+        ratio = logratio.exp()
+        adv_k = adv[:, None] * weights[None, :]
+        pg1 = -adv_k * ratio
+        pg2 = -adv_k * torch.clamp(ratio, 1 - clip[None, :], 1 + clip[None, :])
+        pg_loss = torch.max(pg1, pg2).mean()
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - logratio).mean().item()
+            clipfrac = ((ratio - 1).abs() > clip[None, :]).float().mean().item()
+        return pg_loss, approx_kl, {
+            "policy_loss": pg_loss.item(),
+            "approx_kl": approx_kl,
+            "clip_fraction": clipfrac,
+            "ratio_mean": ratio.mean().item(),
+        }
+
+    # -- resume -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "critic": self.critic.state_dict(),
+            "actor_opt": self.actor_opt.state_dict(),
+            "critic_opt": self.critic_opt.state_dict(),
+            "reward_scaler": self.reward_scaler.state_dict(),
+            "iteration": self.iteration,
+            "env_steps": self.env_steps,
+            "algo": self.algo.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.critic.load_state_dict(state["critic"])
+        self.actor_opt.load_state_dict(state["actor_opt"])
+        self.critic_opt.load_state_dict(state["critic_opt"])
+        self.reward_scaler.load_state_dict(state["reward_scaler"])
+        self.iteration = int(state["iteration"])
+        self.env_steps = int(state["env_steps"])
+        self.algo.load_state_dict(state["algo"])
+        torch.set_rng_state(state["torch_rng"])
+
+
+def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
+    """1 - Var[target - pred] / Var[target]: 1 is a perfect critic, <= 0 is no better than a constant."""
+    var = target.var()
+    if var.item() == 0:
+        return float("nan")
+    return float(1 - (target - pred).var() / var)

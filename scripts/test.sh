@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test suite, set-up included: installs what is missing (scripts/setup.sh), then runs pytest.
+# Extra arguments go to pytest, e.g. `scripts/test.sh -k dppo -x`.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$repo/scripts/setup.sh" maniskill,dev
+venv="${ROBOTFT_VENV:-$repo/.venv}"
+cd "$repo"
+exec "$venv/bin/python" -m pytest -q --timeout 900 "$@"

@@ -1,0 +1,123 @@
+"""ChunkedEnv: reward summing up to done, masking after done, partial resets, history, chunk checks."""
+
+import pytest
+import torch
+
+from robotft.envs.base import BatchedEnv
+from robotft.envs.chunked import ChunkedEnv
+from robotft.envs.toy import ToyNavEnv
+from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
+
+
+class CountingEnv(BatchedEnv):
+    """Env i terminates after `lengths[i]` steps (success) unless truncated first; reward at step k is k.
+
+    Observation `state` = [elapsed steps, episodes started]; it keeps counting after done, like a
+    batched simulator that steps finished envs, so masking mistakes show up in the sums.
+    """
+
+    def __init__(self, lengths: list[int], max_episode_steps: int = 100) -> None:
+        self.num_envs = len(lengths)
+        self.device = torch.device("cpu")
+        self.max_episode_steps = max_episode_steps
+        self.spec = EnvSpec(
+            observations={"state": FeatureSpec("state", (2,), "float32")},
+            action=ActionSpec("test", 1, (-1.0,), (1.0,)),
+        )
+        self.lengths = torch.tensor(lengths)
+        self.elapsed = torch.zeros(self.num_envs)
+        self.episodes = torch.zeros(self.num_envs)
+        self.reset_calls: list[tuple[int | None, list[int]]] = []
+
+    def reset(self, seed=None, env_ids=None):
+        ids = torch.arange(self.num_envs) if env_ids is None else env_ids
+        self.reset_calls.append((seed, ids.tolist()))
+        self.elapsed[ids] = 0
+        self.episodes[ids] += 1
+        return self._obs()
+
+    def step(self, action):
+        self.elapsed += 1
+        terminated = self.elapsed == self.lengths
+        truncated = self.elapsed == self.max_episode_steps
+        return self._obs(), self.elapsed.clone(), terminated, truncated, {"success": terminated.clone()}
+
+    def _obs(self):
+        return {"state": torch.stack([self.elapsed, self.episodes], dim=-1).clone()}
+
+
+def test_reset_pads_history_with_first_frame():
+    env = ChunkedEnv(ToyNavEnv(3), obs_steps=3, act_steps=2)
+    obs = env.reset(seed=0)
+    assert obs["state"].shape == (3, 3, 4)
+    assert torch.equal(obs["state"][:, 0], obs["state"][:, 2])
+    assert env.num_envs == 3 and env.act_dim == 2 and env.max_episode_steps == 40
+
+
+def test_history_holds_the_last_frames():
+    env = ChunkedEnv(CountingEnv([100]), obs_steps=3, act_steps=2)
+    env.reset(seed=0)
+    obs, *_ = env.step(torch.zeros(1, 2, 1))
+    assert obs["state"][0, :, 0].tolist() == [0, 1, 2]
+    obs, *_ = env.step(torch.zeros(1, 4, 1))  # a longer horizon: only act_steps actions run
+    assert obs["state"][0, :, 0].tolist() == [2, 3, 4]
+
+
+def test_rewards_sum_up_to_done_and_finished_envs_reset():
+    base = CountingEnv([2, 5, 100])
+    env = ChunkedEnv(base, obs_steps=2, act_steps=4)
+    env.reset(seed=10)
+    obs, reward, term, trunc, info = env.step(torch.zeros(3, 4, 1))
+    # Env 0 finished at step 2 (rewards 1 + 2); steps 3 and 4 were masked. The others ran 4 steps.
+    assert reward.tolist() == [3, 10, 10]
+    assert term.tolist() == [True, False, False] and not trunc.any()
+    assert info["done"].tolist() == [True, False, False]
+    assert info["success"].tolist() == [True, False, False]
+    assert info["episode_return"][0] == 3 and info["episode_length"][0] == 2
+    assert info["steps"] == 12
+    # final_obs: env 0's history when it finished; the others' equals the returned obs.
+    assert info["final_obs"]["state"][0, :, 0].tolist() == [1, 2]
+    assert torch.equal(info["final_obs"]["state"][1:], obs["state"][1:])
+    # Env 0 was reset: its history is the new episode's first frame, repeated.
+    assert obs["state"][0].tolist() == [[0, 2], [0, 2]]
+    # Partial reset seed: seed + k * num_envs (k-th partial reset), then + env_id inside the env.
+    assert base.reset_calls[-1] == (10 + 1 * 3, [0])
+
+    obs, reward, term, trunc, info = env.step(torch.zeros(3, 4, 1))
+    assert reward.tolist() == [3, 5, 5 + 6 + 7 + 8]
+    assert info["done"].tolist() == [True, True, False]
+    assert info["episode_length"][:2].tolist() == [2, 5]
+    assert info["episode_return"][:2].tolist() == [3, 15]
+    assert info["episode_return"][2] == 36  # running return of the unfinished episode
+    assert base.reset_calls[-1] == (10 + 2 * 3, [0, 1])
+
+
+def test_truncation_mid_chunk():
+    env = ChunkedEnv(CountingEnv([100, 100], max_episode_steps=3), obs_steps=1, act_steps=4)
+    env.reset()
+    _, reward, term, trunc, info = env.step(torch.zeros(2, 4, 1))
+    assert trunc.all() and not term.any() and not info["success"].any()
+    assert reward.tolist() == [6, 6]
+    assert info["final_obs"]["state"][:, 0, 0].tolist() == [3, 3]
+    assert info["episode_length"].tolist() == [3, 3]
+
+
+def test_seeded_runs_are_reproducible():
+    def rollout():
+        env = ChunkedEnv(ToyNavEnv(8, max_episode_steps=6), obs_steps=2, act_steps=4)
+        gen = torch.Generator().manual_seed(0)
+        out = [env.reset(seed=5)["state"]]
+        for _ in range(5):
+            obs, reward, *_ = env.step(torch.rand(8, 4, 2, generator=gen) * 2 - 1)
+            out += [obs["state"], reward]
+        return out
+
+    assert all(torch.equal(a, b) for a, b in zip(rollout(), rollout(), strict=True))
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 2), (3, 4, 3), (2, 4, 2), (3, 4)])
+def test_wrong_chunk_shape_is_an_error_naming_the_shapes(shape):
+    env = ChunkedEnv(ToyNavEnv(3), obs_steps=1, act_steps=2)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"action chunk has shape .*act_steps.*act_dim=2"):
+        env.step(torch.zeros(shape))

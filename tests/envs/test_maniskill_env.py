@@ -1,0 +1,111 @@
+"""ManiSkill3 adapter on the CPU backend: the in-process path (the GPU code path, one env) and workers."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+try:
+    import mani_skill  # noqa: F401
+except ImportError as e:
+    pytest.skip(f"mani_skill is not installed ({e})", allow_module_level=True)
+
+from robotft.config import EnvConfig
+from robotft.envs.chunked import ChunkedEnv
+from robotft.envs.maniskill import ManiSkillEnv, WorkerError
+
+pytestmark = pytest.mark.maniskill
+
+MAX_STEPS = 8
+
+
+def push_cube(num_envs: int) -> EnvConfig:
+    return EnvConfig(
+        backend="maniskill", task="PushCube-v1", num_envs=num_envs, sim_backend="physx_cpu",
+        max_episode_steps=MAX_STEPS,
+    )
+
+
+def actions(n: int, seed: int = 0) -> torch.Tensor:
+    """`[n, 7]` fixed pseudo-random pd_ee_delta_pose actions."""
+    return torch.rand(n, 7, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
+def rollout(env, seed: int, acts: torch.Tensor) -> list[torch.Tensor]:
+    """States and rewards of one env (index 0 of acts' batch dim = step) after `reset(seed)`."""
+    out = [env.reset(seed=seed)["state"]]
+    for a in acts:
+        obs, reward, *_ = env.step(a.expand(env.num_envs, -1))
+        out += [obs["state"], reward]
+    return out
+
+
+@pytest.fixture(scope="module")
+def single():
+    with ManiSkillEnv(push_cube(1)) as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ManiSkillEnv(push_cube(2)) as env:
+        yield env
+
+
+def test_reset_step_shapes_and_spec(single):
+    obs = single.reset(seed=0)
+    dim = single.spec.observations["state"].shape[0]
+    assert obs["state"].shape == (1, dim) and obs["state"].dtype == torch.float32
+    obs, reward, term, trunc, info = single.step(torch.zeros(1, 7))
+    assert obs["state"].shape == (1, dim) and reward.shape == (1,) and reward.dtype == torch.float32
+    assert term.dtype == trunc.dtype == info["success"].dtype == torch.bool and info["success"].shape == (1,)
+    spec = single.spec.action
+    assert spec.control_mode == "pd_ee_delta_pose" and spec.dim == 7 and spec.control_hz == 20.0
+    assert single.worker_pids == []
+
+
+def test_seeded_rollouts_are_identical(single):
+    a, b = rollout(single, 3, actions(5)), rollout(single, 3, actions(5))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(a[0], single.reset(seed=4)["state"])
+
+
+def test_truncation_at_max_episode_steps(single):
+    single.reset(seed=0)
+    truncs = [single.step(torch.zeros(1, 7))[3].item() for _ in range(MAX_STEPS)]
+    assert truncs == [False] * (MAX_STEPS - 1) + [True]
+    single.reset(seed=0, env_ids=torch.tensor([0]))
+    assert not single.step(torch.zeros(1, 7))[3].item()
+
+
+def test_chunked_execution(single):
+    env = ChunkedEnv(single, obs_steps=2, act_steps=4)
+    obs = env.reset(seed=0)
+    assert obs["state"].shape == (1, 2, single.spec.observations["state"].shape[0])
+    obs, reward, term, trunc, info = env.step(torch.zeros(1, 8, 7))
+    assert info["steps"] == 4 and reward.shape == (1,) and "success" in info
+    _, _, _, trunc, info = env.step(torch.zeros(1, 8, 7))  # 8 steps = MAX_STEPS: truncated and reset
+    assert trunc.item() and info["done"].item() and info["episode_length"].item() == MAX_STEPS
+
+
+def test_workers_match_separate_single_envs(pool, single):
+    acts = actions(6, seed=1)
+    batched = rollout(pool, 20, acts)
+    for i in range(2):
+        alone = rollout(single, 20 + i, acts)
+        assert all(torch.equal(b[i], s[0]) for b, s in zip(batched, alone, strict=True))
+    # A partial reset touches only the chosen worker.
+    before = pool.step(torch.zeros(2, 7))[0]["state"]
+    after = pool.reset(seed=20, env_ids=torch.tensor([1]))["state"]
+    assert torch.equal(after[0], before[0]) and torch.equal(after[1], batched[0][1])
+
+
+def test_killed_worker_raises_a_clear_error(pool):
+    pool.reset(seed=0)
+    os.kill(pool.worker_pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"worker 1 .*exit code -9"):
+        pool.step(torch.zeros(2, 7))
+    assert time.monotonic() - start < 10
