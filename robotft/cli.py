@@ -59,23 +59,20 @@ def cmd_data_generate(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _generate_toy(env_cfg: EnvConfig, episodes: int, out: str, seed: int, mode: str) -> dict:
-    from robotft.datasets.recording import record_rollouts
+    from robotft.datasets.recording import record_rollouts, rollout_features
     from robotft.datasets.store import DatasetWriter
     from robotft.envs.factory import make_env
-    from robotft.envs.toy import make_expert
+    from robotft.envs.toy import TASKS, Nav2DExpert
 
-    env = make_env(dataclasses.replace(env_cfg, num_envs=min(episodes, 64)), device="cpu")
-    features = {**env.spec.observations}
-    from robotft.specs import FeatureSpec
-
-    features["action"] = FeatureSpec("action", (env.spec.action.dim,), "float32", unit="normalized")
-    features["reward"] = FeatureSpec("reward", (), "float32")
-    features["success"] = FeatureSpec("success", (), "bool")
-    with DatasetWriter(out, features, fps=env_cfg.control_hz, action_spec=env.spec.action,
-                       env=to_dict(env_cfg), source=f"scripted expert on toy/{env_cfg.task}", mode=mode) as writer:
-        stats = record_rollouts(env, make_expert(env_cfg.task), episodes, writer, seed=seed, task=env_cfg.task)
-    env.close()
-    return stats
+    env = make_env(dataclasses.replace(env_cfg, num_envs=min(episodes, env_cfg.num_envs)), device="cpu")
+    expert = Nav2DExpert(env.num_envs, obstacle_radius=TASKS[env_cfg.task], seed=seed)
+    try:
+        with DatasetWriter(out, rollout_features(env.spec), fps=env_cfg.control_hz, action_spec=env.spec.action,
+                           env=to_dict(env_cfg), source=f"scripted expert on toy/{env_cfg.task}",
+                           mode=mode) as writer:
+            return record_rollouts(env, expert, episodes, writer, seed=seed, task=env_cfg.task)
+    finally:
+        env.close()
 
 
 def cmd_data_import(args: argparse.Namespace, extra: list[str]) -> int:

@@ -81,9 +81,21 @@ def generate_maniskill_demos(
     try:
         _run_streaming(
             [
-                sys.executable, "-c", _PLANNER_DRIVER, str(seed),
-                "-e", env_cfg.task, "-n", str(n_episodes), "--only-count-success",
-                "-b", "cpu", "--record-dir", str(tmp), "--traj-name", "plan",
+                sys.executable,
+                "-c",
+                _PLANNER_DRIVER,
+                str(seed),
+                "-e",
+                env_cfg.task,
+                "-n",
+                str(n_episodes),
+                "--only-count-success",
+                "-b",
+                "cpu",
+                "--record-dir",
+                str(tmp),
+                "--traj-name",
+                "plan",
             ],
             "ManiSkill motion planning",
             progress,
@@ -93,10 +105,21 @@ def generate_maniskill_demos(
         t1 = time.perf_counter()
         _run_streaming(
             [
-                sys.executable, "-m", "mani_skill.trajectory.replay_trajectory",
-                "--traj-path", str(planned_h5), "-b", "physx_cpu",
-                "-o", env_cfg.obs_mode, "-c", env_cfg.control_mode,
-                "--reward-mode", env_cfg.reward_mode, "--record-rewards", "--save-traj",
+                sys.executable,
+                "-m",
+                "mani_skill.trajectory.replay_trajectory",
+                "--traj-path",
+                str(planned_h5),
+                "-b",
+                "physx_cpu",
+                "-o",
+                env_cfg.obs_mode,
+                "-c",
+                env_cfg.control_mode,
+                "--reward-mode",
+                env_cfg.reward_mode,
+                "--record-rewards",
+                "--save-traj",
             ],
             "ManiSkill trajectory replay",
             progress,
@@ -178,7 +201,9 @@ def import_maniskill_h5(
     with h5py.File(h5_path, "r") as f:
         for ep in meta.get("episodes", []):
             if not isinstance(ep, dict) or "episode_id" not in ep:
-                raise DatasetError(f"{h5_path.with_suffix('.json')}: an entry of 'episodes' has no 'episode_id'")
+                raise DatasetError(
+                    f"{h5_path.with_suffix('.json')}: an entry of 'episodes' has no 'episode_id'"
+                )
             data = _read_episode(f, h5_path, f"traj_{ep['episode_id']}")
             success = bool(ep.get("success", data["success"][-1] if "success" in data else False))
             successes += success
@@ -215,8 +240,13 @@ def import_maniskill_h5(
         "max_episode_steps": env_info.get("max_episode_steps"),
     }
     with DatasetWriter(
-        out, features, fps=fps, action_spec=action_spec, env=env,
-        source=f"maniskill-h5:{h5_path.name}", mode=mode,
+        out,
+        features,
+        fps=fps,
+        action_spec=action_spec,
+        env=env,
+        source=f"maniskill-h5:{h5_path.name}",
+        mode=mode,
     ) as writer:
         for ep in episodes:
             writer.add_episode(ep, task=task or env_info["env_id"])

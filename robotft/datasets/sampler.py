@@ -59,7 +59,9 @@ class SequenceSampler(torch.utils.data.Dataset):
         self.horizon_steps = horizon_steps
         ids = np.arange(buffer.n_episodes) if episodes is None else np.asarray(episodes, dtype=np.int64)
         if len(ids) and (ids.min() < 0 or ids.max() >= buffer.n_episodes):
-            raise IndexError(f"{buffer.path}: episode ids {ids.tolist()} out of range [0, {buffer.n_episodes})")
+            raise IndexError(
+                f"{buffer.path}: episode ids {ids.tolist()} out of range [0, {buffer.n_episodes})"
+            )
         self.episodes = ids
         ends = buffer.episode_ends[ids]
         starts = np.concatenate([[0], buffer.episode_ends])[ids]

@@ -165,9 +165,7 @@ def _problems(path: Path, check_values: bool) -> list[str]:
         if arr.dtype != np.dtype(spec.dtype):
             problems.append(f"data/{key}: dtype {arr.dtype}, expected {spec.dtype}")
         if ends is not None and arr.shape[0] != n_steps:
-            problems.append(
-                f"data/{key}: length {arr.shape[0]}, expected episode_ends[-1] = {n_steps}"
-            )
+            problems.append(f"data/{key}: length {arr.shape[0]}, expected episode_ends[-1] = {n_steps}")
         if check_values and arr.dtype.kind == "f":
             bad = _first_nonfinite(arr)
             if bad is not None:
@@ -204,7 +202,9 @@ def _check_task_index(meta: zarr.Group, tasks: Any, ends: np.ndarray | None, pro
         problems.append(f"meta/episode_task_index: dtype {idx.dtype} shape {idx.shape}, expected 1-D int64")
         return
     if ends is not None and len(idx) != len(ends):
-        problems.append(f"meta/episode_task_index: {len(idx)} entries, expected one per episode ({len(ends)})")
+        problems.append(
+            f"meta/episode_task_index: {len(idx)} entries, expected one per episode ({len(ends)})"
+        )
     n_tasks = len(tasks) if isinstance(tasks, list) else 0
     if len(idx) and (idx.min() < 0 or idx.max() >= n_tasks):
         problems.append(
@@ -331,9 +331,7 @@ class ReplayBuffer:
     def episode(self, i: int) -> dict[str, np.ndarray]:
         """All keys of episode `i`, each `[T, *shape]` (read from cache where loaded)."""
         sl = self.episode_slice(i)
-        return {
-            k: (self._cache[k][sl] if k in self._cache else self._root["data"][k][sl]) for k in self.keys
-        }
+        return {k: (self._cache[k][sl] if k in self._cache else self._root["data"][k][sl]) for k in self.keys}
 
     def __repr__(self) -> str:
         return f"ReplayBuffer({str(self.path)!r}, episodes={self.n_episodes}, steps={self.n_steps})"
@@ -348,9 +346,7 @@ def summarize(path: str | Path) -> str:
         f"episodes  {buf.n_episodes}    steps {buf.n_steps}    fps {buf.fps:g}",
     ]
     if buf.n_episodes:
-        lines.append(
-            f"length    min {lengths.min()}  mean {lengths.mean():.1f}  max {lengths.max()} steps"
-        )
+        lines.append(f"length    min {lengths.min()}  mean {lengths.mean():.1f}  max {lengths.max()} steps")
     if buf.action_spec is not None:
         a = buf.action_spec
         lines.append(f"control   {a.control_mode} (dim {a.dim}, {a.control_hz:g} Hz, frame {a.frame or '-'})")
@@ -382,6 +378,8 @@ class DatasetWriter:
     directory `<path>.tmp-<random>` next to the target; `finalize()` swaps it into place by renames,
     so the existing store is untouched until then, and untouched for good if anything fails. Used as
     a context manager it finalizes on a clean exit and deletes the temporary directory on an exception.
+    Appending copies the existing store into the temporary directory first (time and disk ∝ its size):
+    the price of never writing into the original.
 
     dtypes: data is cast to the declared dtype when numpy calls the cast "safe" (e.g. int32 → int64),
     and float64 is accepted for float32 features (numpy's default float; values must still be finite
@@ -445,7 +443,10 @@ class DatasetWriter:
                 data = self._root.create_group("data")
                 for key, spec in self.features.items():
                     data.create_dataset(
-                        key, shape=(0, *spec.shape), chunks=_chunks(spec), dtype=spec.dtype,
+                        key,
+                        shape=(0, *spec.shape),
+                        chunks=_chunks(spec),
+                        dtype=spec.dtype,
                         compressor=_COMPRESSOR,
                     )
         except BaseException:
@@ -460,7 +461,8 @@ class DatasetWriter:
         old = ReplayBuffer.open(self.path)
         if old.features != self.features:
             diff = sorted(
-                k for k in set(old.features) | set(self.features)
+                k
+                for k in set(old.features) | set(self.features)
                 if old.features.get(k) != self.features.get(k)
             )
             raise DatasetError(

@@ -12,8 +12,12 @@ def _make_toy(cfg: EnvConfig, device: str) -> BatchedEnv:
     from robotft.envs.toy import ToyNavEnv
 
     return ToyNavEnv(
-        cfg.num_envs, task=cfg.task, max_episode_steps=cfg.max_episode_steps, reward_mode=cfg.reward_mode,
-        device=device, **cfg.kwargs,
+        cfg.num_envs,
+        task=cfg.task,
+        max_episode_steps=cfg.max_episode_steps,
+        reward_mode=cfg.reward_mode,
+        device=device,
+        **cfg.kwargs,
     )
 
 
@@ -21,7 +25,9 @@ def _make_maniskill(cfg: EnvConfig, device: str) -> BatchedEnv:
     try:
         import mani_skill  # noqa: F401 - only to fail early with the install hint
     except ImportError as e:
-        raise ImportError(f"env backend 'maniskill' needs mani_skill ({e}); pip install robotft[maniskill]") from e
+        raise ImportError(
+            f"env backend 'maniskill' needs mani_skill ({e}); pip install robotft[maniskill]"
+        ) from e
     from robotft.envs.maniskill import ManiSkillEnv
 
     return ManiSkillEnv(cfg, device)
@@ -36,5 +42,7 @@ def make_env(cfg: EnvConfig, device: str = "cpu") -> BatchedEnv:
     try:
         make = BACKENDS[cfg.backend]
     except KeyError:
-        raise ValueError(f"env.backend {cfg.backend!r} is unknown; available backends: {sorted(BACKENDS)}") from None
+        raise ValueError(
+            f"env.backend {cfg.backend!r} is unknown; available backends: {sorted(BACKENDS)}"
+        ) from None
     return make(cfg, device)

@@ -4,7 +4,8 @@
   resets go through `env.reset(options={"env_idx": ids})`; tensors stay on the GPU.
 - CPU (`physx_cpu`) simulates one env per process: `num_envs == 1` runs that same in-process path
   (so CPU tests exercise the GPU code path), `num_envs > 1` runs one in-process env per worker
-  process and steps the workers concurrently over pipes.
+  process and steps the workers concurrently over pipes. Workers are started with `spawn`, so a
+  script that builds such an env must guard its entry point with `if __name__ == "__main__":`.
 
 The raw env (`gym.make(...).unwrapped`) is used: no ManiSkill time limit and no auto-reset;
 truncation comes from per-env step counters against `cfg.max_episode_steps`.
@@ -13,6 +14,7 @@ mani_skill is imported lazily, inside the functions that build envs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing as mp
 import time
@@ -42,7 +44,9 @@ def resolve_sim_backend(sim_backend: str) -> str:
     if sim_backend not in ("physx_cpu", "physx_cuda"):
         raise ValueError(f"env.sim_backend {sim_backend!r}: expected auto, physx_cpu or physx_cuda")
     if sim_backend == "physx_cuda" and not torch.cuda.is_available():
-        raise ValueError("env.sim_backend 'physx_cuda' needs CUDA, which is not available; use auto or physx_cpu")
+        raise ValueError(
+            "env.sim_backend 'physx_cuda' needs CUDA, which is not available; use auto or physx_cpu"
+        )
     return sim_backend
 
 
@@ -203,7 +207,12 @@ def _make_spec(obs: Obs, action_space: Any, control_mode: str, control_hz: float
             features[key] = FeatureSpec(key, shape, dtype, unit="mixed", frame="world")
     low, high = np.asarray(action_space.low, dtype=float), np.asarray(action_space.high, dtype=float)
     action = ActionSpec(
-        control_mode, int(low.size), tuple(low.tolist()), tuple(high.tolist()), float(control_hz), "robot_base"
+        control_mode,
+        int(low.size),
+        tuple(low.tolist()),
+        tuple(high.tolist()),
+        float(control_hz),
+        "robot_base",
     )
     return EnvSpec(observations=features, action=action)
 
@@ -218,6 +227,9 @@ class WorkerError(RuntimeError):
 
 def _worker_main(conn: Any, cfg: EnvConfig) -> None:
     """Entry point of a worker process: build one CPU env, then serve (command, argument) pairs."""
+    # One env per process is single-threaded physics; extra torch threads would only oversubscribe
+    # the cores the other workers use.
+    torch.set_num_threads(1)
     env = None
     try:
         env = _RawManiSkill(cfg, "physx_cpu", "cpu")
@@ -266,19 +278,23 @@ class _WorkerPool(BatchedEnv):
         self._conns, self._procs = [], []
         for i in range(self.num_envs):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(child, worker_cfg), name=f"maniskill-worker-{i}", daemon=True)
+            proc = ctx.Process(
+                target=_worker_main, args=(child, worker_cfg), name=f"maniskill-worker-{i}", daemon=True
+            )
             proc.start()
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)
+        # The latest observation of every env, so that a partial reset can return all of them.
+        self._obs: Obs = {}
         try:
             ready = [self._recv(i, STARTUP_TIMEOUT_S) for i in range(self.num_envs)]
+            self.reset()
         except BaseException:
             self.close()
             raise
         spec_dict, self.max_episode_steps = ready[0]
         self.spec = EnvSpec.from_dict(spec_dict)
-        self._obs: Obs = {}
 
     @property
     def pids(self) -> list[int]:
@@ -289,8 +305,8 @@ class _WorkerPool(BatchedEnv):
         for i in ids:
             self._send(i, "reset", None if seed is None else seed + i)
         fresh = {i: self._recv(i) for i in ids}
-        if not self._obs:
-            self._obs = self._stack([fresh[i] for i in range(self.num_envs)])
+        if env_ids is None:
+            self._obs = self._stack([fresh[i] for i in ids])
         else:
             for i, obs in fresh.items():
                 for k, v in obs.items():
@@ -321,10 +337,8 @@ class _WorkerPool(BatchedEnv):
     def close(self) -> None:
         for conn, proc in zip(self._conns, self._procs, strict=True):
             if proc.is_alive():
-                try:
+                with contextlib.suppress(OSError):  # its end of the pipe may already be gone
                     conn.send(("close", None))
-                except OSError:  # its end of the pipe is already gone
-                    pass
         for conn, proc in zip(self._conns, self._procs, strict=True):
             proc.join(timeout=5)
             if proc.is_alive():
@@ -353,11 +367,13 @@ class _WorkerPool(BatchedEnv):
             if not proc.is_alive() and not conn.poll(0):
                 raise WorkerError(self._describe_death(i, "died"))
             if time.monotonic() > deadline:
-                raise WorkerError(f"ManiSkill worker {i} (pid {proc.pid}) did not answer within {timeout_s:.0f} s")
+                raise WorkerError(
+                    f"ManiSkill worker {i} (pid {proc.pid}) did not answer within {timeout_s:.0f} s"
+                )
         try:
             status, payload = conn.recv()
-        except EOFError as e:
-            raise WorkerError(self._describe_death(i, "closed its pipe")) from e
+        except (EOFError, OSError) as e:  # the worker died mid-message or closed its end
+            raise WorkerError(self._describe_death(i, f"closed its pipe ({e!r})")) from e
         if status == "error":
             raise WorkerError(f"ManiSkill worker {i} (pid {proc.pid}) failed:\n{payload}")
         return payload

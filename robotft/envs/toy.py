@@ -57,7 +57,9 @@ class ToyNavEnv(BatchedEnv):
         if reward_mode not in REWARD_MODES:
             raise ValueError(f"toy reward_mode {reward_mode!r}: expected one of {REWARD_MODES}")
         if num_envs < 1 or max_episode_steps < 1:
-            raise ValueError(f"num_envs and max_episode_steps must be >= 1, got {num_envs}, {max_episode_steps}")
+            raise ValueError(
+                f"num_envs and max_episode_steps must be >= 1, got {num_envs}, {max_episode_steps}"
+            )
         self.num_envs = num_envs
         self.task = task
         self.max_episode_steps = max_episode_steps
@@ -131,8 +133,13 @@ class Nav2DExpert:
     On `reach2d` (no obstacle) it goes straight to the goal.
     """
 
-    def __init__(self, num_envs: int, obstacle_radius: float = TASKS["nav2d"], seed: int = 0,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        num_envs: int,
+        obstacle_radius: float = TASKS["nav2d"],
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.device = torch.device(device)
         self.obstacle_radius = obstacle_radius
         self._gen = torch.Generator().manual_seed(seed)
@@ -145,6 +152,8 @@ class Nav2DExpert:
         """Pick a side and a waypoint for the envs `env_ids` (they just started a new episode).
 
         `side` `[len(env_ids)]` of +1/-1 forces the sides (e.g. to script one mode); random by default.
+        `obs` (the new episodes' first observations) is part of the scripted-policy interface; the
+        waypoints here do not depend on it.
         """
         ids = env_ids.to(self.device, torch.long)
         n = len(ids)

@@ -20,18 +20,38 @@ import torch
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
-def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """Log-density of `x` under N(mean, diag(std²)), summed over all non-batch dims: `[B]`.
+def gaussian_logprob_elementwise(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """Per-entry log-density of `x` under N(mean, diag(std²)), shaped like `x`:
 
-    log N(x; μ, diag(σ²)) = Σ_i [ -(x_i - μ_i)² / (2 σ_i²) - log σ_i - ½ log 2π ]
-    (the diagonal case of the multivariate normal density, Bishop 2006, PRML eq. 2.43).
+    log N(x_i; μ_i, σ_i²) = -(x_i - μ_i)² / (2 σ_i²) - log σ_i - ½ log 2π
+    (the univariate normal density, Bishop 2006, PRML eq. 1.46).
 
     `x`, `mean`: `[B, ...]`; `std`: broadcastable to `x`, must be > 0 (a zero std is a point mass
     and has no density; callers check it where it can happen).
     """
     std = std.expand_as(x)
-    per_dim = -0.5 * ((x - mean) / std) ** 2 - torch.log(std) - 0.5 * _LOG_2PI
-    return per_dim.flatten(1).sum(dim=1)
+    return -0.5 * ((x - mean) / std) ** 2 - torch.log(std) - 0.5 * _LOG_2PI
+
+
+def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """Log-density `[B]` of `x` under N(mean, diag(std²)): the per-entry log-densities summed over all
+    non-batch dims (a diagonal Gaussian factorizes, Bishop 2006, PRML eq. 2.43)."""
+    return gaussian_logprob_elementwise(x, mean, std).flatten(1).sum(dim=1)
+
+
+def chain_transitions(
+    latents: torch.Tensor, step_indices: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All transitions of chains `[B, K+1, H, A]` at steps `[K]` as one flat batch, row `b * K + j` =
+    transition j of chain b.
+
+    Returns `(x_k, x_prev, step_index)`: `[B*K, H, A]`, `[B*K, H, A]`, `[B*K]` long; reshape per-row
+    results with `.view(B, K, ...)`. Lets a policy score whole chains in one network call.
+    """
+    x_k = latents[:, :-1].flatten(0, 1)
+    x_prev = latents[:, 1:].flatten(0, 1)
+    index = step_indices.to(latents.device).repeat(latents.shape[0])
+    return x_k, x_prev, index
 
 
 @dataclass
@@ -72,13 +92,5 @@ class Chain:
         return self.latents.shape[1] - 1
 
     def transitions(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """All recorded transitions as one flat batch, row `b * K + j` = transition j of chain b.
-
-        Returns `(x_k, x_prev, step_index)`: `[B*K, H, A]`, `[B*K, H, A]`, `[B*K]` long; reshape
-        per-row results with `.view(B, K)`. Lets a policy score a whole chain in one network call.
-        """
-        batch = self.latents.shape[0]
-        x_k = self.latents[:, :-1].flatten(0, 1)
-        x_prev = self.latents[:, 1:].flatten(0, 1)
-        index = self.step_indices.to(self.latents.device).repeat(batch)
-        return x_k, x_prev, index
+        """`chain_transitions(self.latents, self.step_indices)`."""
+        return chain_transitions(self.latents, self.step_indices)

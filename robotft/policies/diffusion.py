@@ -26,7 +26,12 @@ from torch import nn
 
 from robotft.datasets.normalizer import Normalizer
 from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
-from robotft.policies.denoising_chain import Chain, gaussian_logprob
+from robotft.policies.denoising_chain import (
+    Chain,
+    chain_transitions,
+    gaussian_logprob,
+    gaussian_logprob_elementwise,
+)
 from robotft.specs import EnvSpec
 
 SAMPLERS = ("ddpm", "ddim")
@@ -69,7 +74,9 @@ class DiffusionPolicyConfig(PolicyConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.prediction_type != "epsilon":
-            raise ValueError(f"policy.prediction_type: only 'epsilon' is implemented, got {self.prediction_type!r}")
+            raise ValueError(
+                f"policy.prediction_type: only 'epsilon' is implemented, got {self.prediction_type!r}"
+            )
         if self.sampler not in SAMPLERS:
             raise ValueError(f"policy.sampler must be one of {SAMPLERS}, got {self.sampler!r}")
         if not 1 <= self.ddim_steps <= self.num_train_timesteps:
@@ -139,7 +146,9 @@ def posterior_std(abar_t: torch.Tensor, abar_prev: torch.Tensor) -> torch.Tensor
     return ((1 - abar_prev) / (1 - abar_t) * (1 - abar_t / abar_prev)).clamp(min=0).sqrt()
 
 
-def ddpm_mean(x_k: torch.Tensor, x0: torch.Tensor, abar_t: torch.Tensor, abar_prev: torch.Tensor) -> torch.Tensor:
+def ddpm_mean(
+    x_k: torch.Tensor, x0: torch.Tensor, abar_t: torch.Tensor, abar_prev: torch.Tensor
+) -> torch.Tensor:
     """Mean of the DDPM posterior q(x_prev | x_t, x̂_0) (Ho et al. 2020 eq. 7):
 
     μ̃ = sqrt(ᾱ_prev) β_t / (1 - ᾱ_t) · x̂_0 + sqrt(α_t) (1 - ᾱ_prev) / (1 - ᾱ_t) · x_t,
@@ -149,7 +158,9 @@ def ddpm_mean(x_k: torch.Tensor, x0: torch.Tensor, abar_t: torch.Tensor, abar_pr
     return (abar_prev.sqrt() * (1 - alpha_t) * x0 + alpha_t.sqrt() * (1 - abar_prev) * x_k) / (1 - abar_t)
 
 
-def ddim_mean(x0: torch.Tensor, eps: torch.Tensor, abar_prev: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+def ddim_mean(
+    x0: torch.Tensor, eps: torch.Tensor, abar_prev: torch.Tensor, std: torch.Tensor
+) -> torch.Tensor:
     """Mean of the DDIM transition with noise std σ (Song et al. 2021 eq. 12):
 
     μ = sqrt(ᾱ_prev) x̂_0 + sqrt(1 - ᾱ_prev - σ²) ε̂.
@@ -179,10 +190,14 @@ class NoiseMLP(nn.Module):
         super().__init__()
         self.time_embed_dim = time_embed_dim
         self.time_mlp = nn.Sequential(
-            nn.Linear(time_embed_dim, 2 * time_embed_dim), nn.Mish(), nn.Linear(2 * time_embed_dim, time_embed_dim)
+            nn.Linear(time_embed_dim, 2 * time_embed_dim),
+            nn.Mish(),
+            nn.Linear(2 * time_embed_dim, time_embed_dim),
         )
         self.inp = nn.Linear(sample_dim + time_embed_dim + cond_dim, hidden_dims[0])
-        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(hidden_dims[:-1], hidden_dims[1:], strict=True))
+        self.hidden = nn.ModuleList(
+            nn.Linear(a, b) for a, b in zip(hidden_dims[:-1], hidden_dims[1:], strict=True)
+        )
         self.out = nn.Linear(hidden_dims[-1], sample_dim)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
@@ -243,8 +258,7 @@ class DiffusionPolicy(Policy):
         self.register_buffer("timesteps", timesteps, persistent=False)
         self.register_buffer("abar_t", abar_t, persistent=False)
         self.register_buffer("abar_prev", abar_prev, persistent=False)
-        self.register_buffer("sigma", sigma, persistent=False)
-        """`[N]` the model's own transition std σ_k at each step (DDPM posterior std, DDIM η σ̃)."""
+        self.register_buffer("sigma", sigma, persistent=False)  # [N] the model's own transition std σ_k
 
         if config.ft_denoising_steps > 0:
             self.enable_finetuning(config.ft_denoising_steps)
@@ -257,11 +271,16 @@ class DiffusionPolicy(Policy):
         shapes = {}
         for key in config.obs_keys:
             if key.startswith(("rgb/", "depth/")):
-                raise ValueError(f"diffusion_mlp conditions on low-dim keys only; {key!r} needs an image encoder")
+                raise ValueError(
+                    f"diffusion_mlp conditions on low-dim keys only; {key!r} needs an image encoder"
+                )
             if key not in spec.observations:
-                raise KeyError(f"policy.obs_keys has {key!r}, not in the env spec's {sorted(spec.observations)}")
+                raise KeyError(
+                    f"policy.obs_keys has {key!r}, not in the env spec's {sorted(spec.observations)}"
+                )
             shapes[key] = (config.obs_steps, *spec.observations[key].shape)
-        missing = [k for k in [*config.obs_keys, "action"] if k not in normalizer.keys()]
+        have = set(normalizer.keys())
+        missing = [k for k in [*config.obs_keys, "action"] if k not in have]
         if missing:
             raise KeyError(f"normalizer has no statistics for {missing}; it has {normalizer.keys()}")
         return shapes
@@ -276,7 +295,9 @@ class DiffusionPolicy(Policy):
         parts = []
         for key, shape in self.obs_shapes.items():
             if key not in obs:
-                raise KeyError(f"observation key {key!r} missing: policy reads {list(self.obs_shapes)}, got {sorted(obs)}")
+                raise KeyError(
+                    f"observation key {key!r} missing: policy reads {list(self.obs_shapes)}, got {sorted(obs)}"
+                )
             x = obs[key]
             if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != shape:
                 raise ValueError(
@@ -284,14 +305,18 @@ class DiffusionPolicy(Policy):
                     f"(obs_steps={shape[0]}, feature shape {shape[1:]}), got {tuple(x.shape)}"
                 )
             if parts and x.shape[0] != parts[0].shape[0]:
-                raise ValueError(f"observation {key!r}: batch size {x.shape[0]} differs from {parts[0].shape[0]}")
+                raise ValueError(
+                    f"observation {key!r}: batch size {x.shape[0]} differs from {parts[0].shape[0]}"
+                )
             parts.append(self.normalizer.normalize(key, x).flatten(1))
         return torch.cat(parts, dim=1)
 
     def _check_chunk(self, name: str, x: torch.Tensor) -> None:
         expected = (self.config.horizon_steps, self.act_dim)
         if x.ndim != 3 or tuple(x.shape[1:]) != expected:
-            raise ValueError(f"{name}: expected shape [B, {expected[0]}, {expected[1]}], got {tuple(x.shape)}")
+            raise ValueError(
+                f"{name}: expected shape [B, {expected[0]}, {expected[1]}], got {tuple(x.shape)}"
+            )
 
     def _to_actions(self, x0: torch.Tensor) -> torch.Tensor:
         """Final normalized sample `[B, H*A]` → env-unit chunk `[B, H, A]` (clipped first)."""
@@ -320,7 +345,11 @@ class DiffusionPolicy(Policy):
         if self.ema_net is None:
             return
         n = int(self.ema_updates)
-        decay = min(self.config.ema_decay, (1 + n) / (10 + n)) if self.config.ema_warmup else self.config.ema_decay
+        decay = (
+            min(self.config.ema_decay, (1 + n) / (10 + n))
+            if self.config.ema_warmup
+            else self.config.ema_decay
+        )
         with torch.no_grad():
             for e, p in zip(self.ema_net.parameters(), self.net.parameters(), strict=True):
                 e.lerp_(p, 1 - decay)
@@ -367,7 +396,9 @@ class DiffusionPolicy(Policy):
         so that a checkpoint rebuilds both networks.
         """
         if self.ft_net is not None:
-            raise RuntimeError(f"fine-tuning already enabled with ft_denoising_steps={self.config.ft_denoising_steps}")
+            raise RuntimeError(
+                f"fine-tuning already enabled with ft_denoising_steps={self.config.ft_denoising_steps}"
+            )
         if not 1 <= ft_denoising_steps <= self.num_denoising_steps:
             raise ValueError(
                 f"ft_denoising_steps must be in [1, {self.num_denoising_steps}] (the {self.config.sampler} "
@@ -381,12 +412,14 @@ class DiffusionPolicy(Policy):
         self.ft_net = copy.deepcopy(self.net).requires_grad_(True)
         self.config.ft_denoising_steps = ft_denoising_steps
 
-    def _predict_eps(self, cond: torch.Tensor, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """ε̂ `[B, H*A]` for rows at sampler steps `index` `[B]`: `ft_net` for fine-tuned steps, else the
-        pretrained model (EMA weights while pretraining)."""
+    def _predict_eps(
+        self, cond: torch.Tensor, x: torch.Tensor, index: torch.Tensor, use_base: bool = False
+    ) -> torch.Tensor:
+        """ε̂ `[B, H*A]` for rows at sampler steps `index` `[B]`: `ft_net` for fine-tuned steps, else (and
+        everywhere if `use_base`) the pretrained model (the EMA weights while pretraining)."""
         t = self.timesteps[index]
         base = self.ema_net if self.ema_net is not None else self.net
-        if self.ft_net is None:
+        if self.ft_net is None or use_base:
             return base(x, t, cond)
         use_ft = index >= self.first_recorded_step
         eps = x.new_empty(x.shape)
@@ -426,7 +459,13 @@ class DiffusionPolicy(Policy):
             )
 
     def _denoise(
-        self, cond: torch.Tensor, min_std: float, deterministic: bool, generator: torch.Generator | None, score: bool
+        self,
+        cond: torch.Tensor,
+        min_std: float,
+        deterministic: bool,
+        generator: torch.Generator | None,
+        score: bool,
+        use_base: bool = False,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Run the whole chain from x_K ~ N(0, I). Returns the recorded latents (from step
         `first_recorded_step` on, each `[B, H*A]`) and, if `score`, their transitions' log-densities under
@@ -437,7 +476,7 @@ class DiffusionPolicy(Policy):
         latents, logprobs = [x] if first == 0 else [], []
         for i in range(self.num_denoising_steps):
             index = torch.full((batch,), i, dtype=torch.long, device=cond.device)
-            eps_hat = self._predict_eps(cond, x, index)
+            eps_hat = self._predict_eps(cond, x, index, use_base)
             mean, std = self._gaussian(x, eps_hat, index, min_std, deterministic)
             x_prev = mean + std * torch.randn(x.shape, generator=generator, device=x.device)
             if score and i >= first:
@@ -446,7 +485,7 @@ class DiffusionPolicy(Policy):
                 if deterministic:
                     mean, std = self._gaussian(x, eps_hat, index, min_std, deterministic=False)
                 logprobs.append(gaussian_logprob(x_prev, mean, std))
-            if i + 1 == first or i >= first:
+            if i + 1 >= first:
                 latents.append(x_prev)
             x = x_prev
         return latents, logprobs
@@ -463,18 +502,28 @@ class DiffusionPolicy(Policy):
 
     @torch.no_grad()
     def sample_chain(
-        self, obs: Obs, *, min_std: float = 0.0, deterministic: bool = False, generator: torch.Generator | None = None
+        self,
+        obs: Obs,
+        *,
+        min_std: float = 0.0,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        use_base: bool = False,
     ) -> Chain:
         """Run the chain and record its last `ft_denoising_steps` transitions (all if 0), DPPO-style.
 
         Exploration transitions have std max(σ_k, min_std) (DDIM: η chosen so that its std is this, Song
         et al. eq. 12); `deterministic=True` takes the same path with the model's own std (DDIM η = 0).
         Logprobs are always those of the exploration transitions, so `min_std` must make them non-zero.
+        `use_base=True` runs every step with the frozen pretrained network (DPPO's BC regularizer samples
+        the base policy); its logprobs are then the base policy's.
         """
         cond = self.encode_obs(obs)
         steps = torch.arange(self.first_recorded_step, self.num_denoising_steps, device=cond.device)
         self._check_scorable(steps, min_std)
-        latents, logprobs = self._denoise(cond, min_std, deterministic, generator, score=True)
+        latents, logprobs = self._denoise(
+            cond, min_std, deterministic, generator, score=True, use_base=use_base
+        )
         batch = cond.shape[0]
         chunk = (batch, len(latents), self.config.horizon_steps, self.act_dim)
         return Chain(
@@ -495,28 +544,64 @@ class DiffusionPolicy(Policy):
         """Log-density `[B]` of x_prev `[B, H, A]` given x_k `[B, H, A]` under the exploration transition at
         sampler step `step_index` (an int, or `[B]` with one step per row), with gradients through the
         network of that step. `cond` `[B, F]` from `encode_obs`."""
+        return self.transition_elementwise_logprob(cond, x_k, x_prev, step_index, min_std).flatten(1).sum(1)
+
+    def transition_elementwise_logprob(
+        self,
+        cond: torch.Tensor,
+        x_k: torch.Tensor,
+        x_prev: torch.Tensor,
+        step_index: torch.Tensor | int,
+        min_std: float,
+    ) -> torch.Tensor:
+        """`transition_logprob` before the sum over the chunk: per-entry log-densities `[B, H, A]`."""
         self._check_chunk("x_k", x_k)
         self._check_chunk("x_prev", x_prev)
         batch = x_k.shape[0]
         if cond.shape[0] != batch or x_prev.shape[0] != batch:
-            raise ValueError(f"batch sizes differ: cond {cond.shape[0]}, x_k {batch}, x_prev {x_prev.shape[0]}")
+            raise ValueError(
+                f"batch sizes differ: cond {cond.shape[0]}, x_k {batch}, x_prev {x_prev.shape[0]}"
+            )
         index = torch.as_tensor(step_index, dtype=torch.long, device=x_k.device).expand(batch)
         self._check_scorable(index, min_std)
         x = x_k.flatten(1)
         mean, std = self._gaussian(x, self._predict_eps(cond, x, index), index, min_std, deterministic=False)
-        return gaussian_logprob(x_prev.flatten(1), mean, std)
+        return gaussian_logprob_elementwise(x_prev.flatten(1), mean, std).view_as(x_prev)
 
     def chain_logprob(self, obs: Obs, chain: Chain, min_std: float) -> torch.Tensor:
         """Log-densities `[B, K]` of a recorded chain's transitions, all in one network call."""
-        cond = self.encode_obs(obs)
-        batch, k = chain.latents.shape[:2]
-        k -= 1
-        x_k, x_prev, index = chain.transitions()
-        cond = cond.repeat_interleave(k, dim=0)
-        return self.transition_logprob(cond, x_k, x_prev, index, min_std).view(batch, k)
+        lp = self.chain_elementwise_logprob(obs, chain.latents, min_std, chain.step_indices)
+        return lp.sum(dim=(-1, -2))
+
+    def chain_elementwise_logprob(
+        self, obs: Obs, latents: torch.Tensor, min_std: float, step_indices: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Per-entry log-densities `[B, K, H, A]` of chains `latents` `[B, K+1, H, A]` (a `Chain.latents`).
+
+        `step_indices` `[K]` defaults to the last K steps, which is what `sample_chain` records. DPPO's
+        surrogate clamps and averages these entries; `chain_logprob` sums them (the exact log-density).
+        """
+        if latents.ndim != 4 or tuple(latents.shape[2:]) != (self.config.horizon_steps, self.act_dim):
+            raise ValueError(
+                f"chain latents: expected [B, K+1, {self.config.horizon_steps}, {self.act_dim}], "
+                f"got {tuple(latents.shape)}"
+            )
+        k = latents.shape[1] - 1
+        if not 1 <= k <= self.num_denoising_steps:
+            raise ValueError(
+                f"chain latents hold {k} transitions; the sampler has {self.num_denoising_steps}"
+            )
+        if step_indices is None:
+            step_indices = torch.arange(self.num_denoising_steps - k, self.num_denoising_steps)
+        cond = self.encode_obs(obs).repeat_interleave(k, dim=0)  # row b * K + j, as chain_transitions
+        x_k, x_prev, index = chain_transitions(latents, step_indices)
+        lp = self.transition_elementwise_logprob(cond, x_k, x_prev, index, min_std)
+        return lp.view(latents.shape[0], k, *lp.shape[1:])
 
 
 @register_policy("diffusion_mlp", DiffusionPolicyConfig)
-def build_diffusion_policy(config: DiffusionPolicyConfig, spec: EnvSpec, normalizer: Normalizer) -> DiffusionPolicy:
+def build_diffusion_policy(
+    config: DiffusionPolicyConfig, spec: EnvSpec, normalizer: Normalizer
+) -> DiffusionPolicy:
     """The registered factory; a config with `ft_denoising_steps > 0` gets `ft_net` before weights load."""
     return DiffusionPolicy(config, spec, normalizer)

@@ -48,8 +48,12 @@ class DPPOConfig:
     def __post_init__(self) -> None:
         if self.ft_denoising_steps < 1:
             raise ValueError(f"dppo.ft_denoising_steps must be >= 1, got {self.ft_denoising_steps}")
-        if self.min_sampling_std < 0 or self.min_logprob_std <= 0:
-            raise ValueError("dppo.min_sampling_std must be >= 0 and dppo.min_logprob_std > 0")
+        # A zero std makes DDPM's last transition a point mass, which has no density to score.
+        if self.min_sampling_std <= 0 or self.min_logprob_std <= 0:
+            raise ValueError(
+                f"dppo.min_sampling_std and dppo.min_logprob_std must be > 0, got "
+                f"{self.min_sampling_std} and {self.min_logprob_std}"
+            )
 
 
 class DPPO(Algorithm):

@@ -28,8 +28,9 @@ def make_episode(T: int, offset: float = 0.0) -> dict[str, np.ndarray]:
 
 
 def write_store(path: Path, lengths=(3, 5), mode: str = "create") -> Path:
-    with DatasetWriter(path, FEATURES, fps=20.0, action_spec=ACTION_SPEC, env={"id": "x"},
-                       source="test", mode=mode) as w:
+    with DatasetWriter(
+        path, FEATURES, fps=20.0, action_spec=ACTION_SPEC, env={"id": "x"}, source="test", mode=mode
+    ) as w:
         for i, T in enumerate(lengths):
             w.add_episode(make_episode(T, offset=100.0 * i), task=f"task{i % 2}")
     return path
@@ -38,7 +39,8 @@ def write_store(path: Path, lengths=(3, 5), mode: str = "create") -> Path:
 def tree_hash(path: Path) -> dict[str, str]:
     return {
         str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(path.rglob("*")) if p.is_file()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
     }
 
 
@@ -128,8 +130,12 @@ def _bad_episodes():
     return {
         "missing keys \\['success'\\]": mutate(lambda ep: ep.pop("success")),
         "unexpected keys \\['extra'\\]": mutate(lambda ep: ep.update(extra=np.zeros(4))),
-        "'state': shape \\(4, 4\\), expected": mutate(lambda ep: ep.update(state=np.zeros((4, 4), np.float32))),
-        "'success': dtype float32, expected bool": mutate(lambda ep: ep.update(success=np.zeros(4, np.float32))),
+        "'state': shape \\(4, 4\\), expected": mutate(
+            lambda ep: ep.update(state=np.zeros((4, 4), np.float32))
+        ),
+        "'success': dtype float32, expected bool": mutate(
+            lambda ep: ep.update(success=np.zeros(4, np.float32))
+        ),
         "'state': NaN or inf at step 2": mutate(nan),
         "'action': NaN or inf at step 0": mutate(inf),
         "different lengths": mutate(lambda ep: ep.update(action=np.zeros((3, 2), np.float32))),
@@ -142,8 +148,10 @@ def _bad_episodes():
 def test_bad_episode_leaves_store_untouched(tmp_path, mode, match):
     path = write_store(tmp_path / "d.zarr")
     before = tree_hash(path)
-    with pytest.raises(DatasetError, match=match) as err, \
-            DatasetWriter(path, FEATURES, fps=20.0, mode=mode) as w:
+    with (
+        pytest.raises(DatasetError, match=match) as err,
+        DatasetWriter(path, FEATURES, fps=20.0, mode=mode) as w,
+    ):
         w.add_episode(make_episode(2))
         w.add_episode(_bad_episodes()[match])
     assert str(path) in str(err.value)

@@ -23,7 +23,10 @@ MAX_STEPS = 8
 
 def push_cube(num_envs: int) -> EnvConfig:
     return EnvConfig(
-        backend="maniskill", task="PushCube-v1", num_envs=num_envs, sim_backend="physx_cpu",
+        backend="maniskill",
+        task="PushCube-v1",
+        num_envs=num_envs,
+        sim_backend="physx_cpu",
         max_episode_steps=MAX_STEPS,
     )
 
@@ -109,3 +112,10 @@ def test_killed_worker_raises_a_clear_error(pool):
     with pytest.raises(WorkerError, match=r"worker 1 .*exit code -9"):
         pool.step(torch.zeros(2, 7))
     assert time.monotonic() - start < 10
+
+
+def test_worker_failure_reports_its_traceback():
+    cfg = push_cube(2)
+    cfg.task = "NoSuchTask-v1"
+    with pytest.raises(WorkerError, match=r"(?s)worker 0 .*failed.*Traceback.*NoSuchTask"):
+        ManiSkillEnv(cfg)

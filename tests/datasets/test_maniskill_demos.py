@@ -1,0 +1,149 @@
+"""ManiSkill demos: end to end through the real motion planner and replay tool (CPU, ~15-25 s, marked
+`maniskill`), and the importer's errors on synthetic trajectory files (h5py only, fast)."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from robotft.config import EnvConfig
+from robotft.datasets.store import DatasetError, ReplayBuffer, validate_store
+
+try:
+    import mani_skill  # noqa: F401
+
+    HAVE_MANISKILL = True
+except ImportError:  # pragma: no cover - depends on the install
+    HAVE_MANISKILL = False
+
+needs_maniskill = pytest.mark.skipif(
+    not HAVE_MANISKILL, reason="mani_skill is not importable (pip install robotft[maniskill])"
+)
+
+ENV = EnvConfig(backend="maniskill", task="PushCube-v1", sim_backend="physx_cpu")
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    from robotft.datasets.maniskill_demos import generate_maniskill_demos
+
+    out = tmp_path_factory.mktemp("ms") / "pushcube.zarr"
+    stats = generate_maniskill_demos(ENV, n_episodes=2, out=out, seed=3, progress=False)
+    return out, stats
+
+
+def maniskill_dims() -> tuple[int, int]:
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401 - registers the envs
+
+    env = gym.make(ENV.task, obs_mode="state", control_mode=ENV.control_mode, sim_backend="physx_cpu")
+    try:
+        return env.observation_space.shape[-1], env.action_space.shape[-1]
+    finally:
+        env.close()
+
+
+@pytest.mark.maniskill
+@needs_maniskill
+def test_generate_end_to_end(demos):
+    out, stats = demos
+    assert stats["planned"] == 2 and stats["replayed"] == 2 and stats["kept"] == 2
+    print("demo generation stats:", stats)  # timings, visible with -s
+    validate_store(out)
+    buf = ReplayBuffer.open(out)
+    state_dim, act_dim = maniskill_dims()
+    assert buf.features["state"].shape == (state_dim,)
+    assert buf.features["action"].shape == (act_dim,) == (7,)
+    assert buf.action_spec.control_mode == "pd_ee_delta_pose" and buf.action_spec.dim == 7
+    assert buf.fps == 20.0 and buf.tasks == ["PushCube-v1"]
+    assert buf.env["env_id"] == "PushCube-v1"
+    assert set(buf.keys) == {"state", "action", "reward", "success"}
+    for i in range(2):
+        ep = buf.episode(i)
+        assert 20 < len(ep["action"]) <= 100
+        assert ep["success"][-1]
+        assert np.abs(ep["action"]).max() <= 1.0
+
+
+def write_trajectory(path, T=5, obs_mode="state", control_mode="pd_ee_delta_pose", obs_group=False, drop=()):
+    """A small ManiSkill-style .h5 + .json pair: two episodes, the second a failure."""
+    import h5py
+
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        for i in range(2):
+            g = f.create_group(f"traj_{i}")
+            if obs_group:
+                g["obs/agent/qpos"] = rng.normal(size=(T + 1, 9)).astype(np.float32)
+            else:
+                g["obs"] = rng.normal(size=(T + 1, 6)).astype(np.float32)
+            g["actions"] = rng.uniform(-1, 1, size=(T, 7)).astype(np.float32)
+            g["rewards"] = rng.uniform(size=T).astype(np.float32)
+            g["success"] = np.arange(T) == T - 1 if i == 0 else np.zeros(T, bool)
+            for key in drop:
+                del g[key]
+    meta = {
+        "env_info": {
+            "env_id": "PushCube-v1",
+            "env_kwargs": {"obs_mode": obs_mode, "control_mode": control_mode, "reward_mode": "dense"},
+            "max_episode_steps": 50,
+        },
+        "episodes": [{"episode_id": 0, "success": True}, {"episode_id": 1, "success": False}],
+    }
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    return path
+
+
+def test_import_synthetic_trajectory(tmp_path):
+    pytest.importorskip("h5py")
+    from robotft.datasets.maniskill_demos import import_maniskill_h5
+
+    h5 = write_trajectory(tmp_path / "t.h5")
+    stats = import_maniskill_h5(h5, tmp_path / "a.zarr", control_mode="pd_ee_delta_pose")
+    assert stats == {"episodes": 2, "successes": 1, "kept": 1, "steps": 5, "state_dim": 6, "act_dim": 7}
+    buf = ReplayBuffer.open(tmp_path / "a.zarr")
+    assert buf.features["state"].shape == (6,) and buf.action_spec.low == (-1.0,) * 7
+    assert buf.fps == 20.0 and buf.episode_tasks == ["PushCube-v1"]
+    import h5py
+
+    with h5py.File(h5) as f:  # obs[t] pairs with action[t]: the final observation is dropped
+        np.testing.assert_array_equal(buf.episode(0)["state"], f["traj_0/obs"][:-1])
+    stats = import_maniskill_h5(h5, tmp_path / "b.zarr", only_success=False)
+    assert stats["kept"] == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"control_mode": "pd_joint_pos"},
+            "t.h5: control mode is 'pd_joint_pos'.*expected 'pd_ee_delta_pose'",
+        ),
+        ({"obs_mode": "rgb"}, "t.h5: obs_mode is 'rgb'.*expected 'state'"),
+        ({"obs_group": True}, "t.h5: traj_0/obs is not a flat"),
+        ({"drop": ("actions",)}, "t.h5: traj_0/actions missing"),
+    ],
+)
+def test_bad_h5_gives_clear_error_and_writes_nothing(tmp_path, kwargs, match):
+    pytest.importorskip("h5py")
+    from robotft.datasets.maniskill_demos import import_maniskill_h5
+
+    good = import_maniskill_h5(write_trajectory(tmp_path / "good.h5"), tmp_path / "existing.zarr")
+    assert good["kept"] == 1
+    existing = tmp_path / "existing.zarr"
+    before = sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in existing.rglob("*") if p.is_file())
+    h5 = write_trajectory(tmp_path / "t.h5", **kwargs)
+    with pytest.raises(DatasetError, match=match):
+        import_maniskill_h5(h5, tmp_path / "new.zarr", control_mode="pd_ee_delta_pose")
+    with pytest.raises(DatasetError, match=match):
+        import_maniskill_h5(h5, existing, control_mode="pd_ee_delta_pose", mode="overwrite")
+    after = sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in existing.rglob("*") if p.is_file())
+    assert after == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "existing.zarr",
+        "good.h5",
+        "good.json",
+        "t.h5",
+        "t.json",
+    ]
