@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from robotft.datasets.normalizer import Normalizer
 from robotft.specs import EnvSpec

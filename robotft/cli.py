@@ -255,9 +255,18 @@ def _add_write_mode(p: argparse.ArgumentParser) -> None:
     m.add_argument("--overwrite", action="store_true", help="replace an existing store")
 
 
+def set_cpu_threads() -> None:
+    """Torch CPU threads: `$ROBOTFT_NUM_THREADS`, default 1. The MLP policies here run fastest on one
+    thread, and multi-threaded OpenMP slows down ~10x when simulator workers share the cores."""
+    import torch
+
+    torch.set_num_threads(max(1, int(os.environ.get("ROBOTFT_NUM_THREADS", "1"))))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    set_cpu_threads()
     try:
         return args.func(args, extra)
     except (ValueError, KeyError, FileNotFoundError) as e:

@@ -6,4 +6,6 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$repo/scripts/setup.sh" maniskill,dev
 venv="${ROBOTFT_VENV:-$repo/.venv}"
 cd "$repo"
+# One torch/OpenMP thread per process: the suite runs simulator workers beside the learner on 2 cores.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec "$venv/bin/python" -m pytest -q --timeout 900 "$@"

@@ -39,7 +39,7 @@ class ValueCritic(nn.Module):
             if key not in obs:
                 raise KeyError(f"critic needs observation key {key!r}; got {sorted(obs)}")
             x = obs[key]
-            x = self.normalizer.normalize(key, x) if key in self.normalizer.keys() else x.float()
+            x = self.normalizer.normalize(key, x) if key in self.normalizer.mode else x.float()
             parts.append(x.reshape(x.shape[0], -1))
         return torch.cat(parts, dim=-1)
 

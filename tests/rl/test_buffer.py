@@ -1,7 +1,7 @@
 import torch
 
-from robotft.rl.buffer import RunningRewardScaler, compute_gae
 from robotft.evaluation import wilson_interval
+from robotft.rl.buffer import RunningRewardScaler, compute_gae
 
 
 def test_gae_matches_hand_computation():
