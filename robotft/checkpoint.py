@@ -101,7 +101,12 @@ def unflatten_state(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 def _atomic_dir(target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    # mkdtemp makes the directory private (0700); a checkpoint should be as readable as any other file.
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    return tmp
 
 
 def write_checkpoint(
@@ -146,6 +151,7 @@ def write_checkpoint(
 def save_run_checkpoint(run_dir: str | Path, step: int, **kwargs: Any) -> Path:
     """Write `run_dir/checkpoints/step_XXXXXXXX` and point `run_dir/checkpoint` at it atomically."""
     run_dir = Path(run_dir)
+    _remove_stale_temporaries(run_dir)
     ckpt = write_checkpoint(run_dir / "checkpoints" / f"step_{step:08d}", **kwargs)
     link_tmp = run_dir / f".{LATEST_LINK}.tmp-{os.getpid()}"
     if link_tmp.is_symlink() or link_tmp.exists():
@@ -156,6 +162,33 @@ def save_run_checkpoint(run_dir: str | Path, step: int, **kwargs: Any) -> Path:
     for stale in steps[:-KEEP_LAST]:
         shutil.rmtree(stale, ignore_errors=True)
     return ckpt
+
+
+def _remove_stale_temporaries(run_dir: Path) -> None:
+    """Delete what a run killed in the middle of a save left behind (temp dirs and links)."""
+    for folder in (run_dir, run_dir / "checkpoints"):
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name):
+                if p.is_symlink() or p.is_file():
+                    p.unlink()
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
+
+
+def resume_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest checkpoint of a run directory to resume from; None when the run has none yet.
+
+    A `checkpoint` link that exists but points nowhere is an error, not a fresh start: silently
+    restarting would overwrite a run's history."""
+    link = Path(run_dir) / LATEST_LINK
+    if not link.is_symlink() and not link.exists():
+        return None
+    if not (link / MODEL_FILE).is_file():
+        raise CheckpointError(f"{link}: points to {os.readlink(link) if link.is_symlink() else link}, "
+                              f"which is not a complete checkpoint")
+    return link.resolve()
 
 
 # -- reading ----------------------------------------------------------------------------------------

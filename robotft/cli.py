@@ -121,9 +121,9 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
     if "type" not in policy_data:
         raise ConfigError(f"{policy_path}: missing key 'type' (the registered policy name)")
     policy_cfg = from_dict(policy_config_class(policy_data["type"]), policy_data, where=str(policy_path))
-    policy_cfg = apply_overrides(policy_cfg, groups["policy"]) if groups["policy"] else policy_cfg
+    policy_cfg = apply_overrides(policy_cfg, groups["policy"], prefix="policy.") if groups["policy"] else policy_cfg
     train = TrainConfig(steps=args.steps, seed=args.seed)
-    train = apply_overrides(train, groups["train"]) if groups["train"] else train
+    train = apply_overrides(train, groups["train"], prefix="train.") if groups["train"] else train
     cfg = PretrainConfig(data=args.data, out=args.out, env=env_cfg, train=train)
     out = run_pretrain(cfg, policy_cfg, resume=args.resume)
     print(f"checkpoint: {out / 'checkpoint'}\nlogs: tensorboard --logdir {out / 'tb'}", file=sys.stderr)
@@ -141,7 +141,7 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
         from robotft.checkpoint import read_checkpoint
 
         base = from_dict(EnvConfig, read_checkpoint(args.source).config["env"])
-        env_cfg = apply_overrides(base, groups["env"])
+        env_cfg = apply_overrides(base, groups["env"], prefix="env.")
     cfg = FinetuneConfig(source=args.source, out=args.out, algo=args.algo, env=env_cfg, seed=args.seed)
     cfg.rl.iterations = args.iterations
     section_overrides = {f"{s}.{k}": v for s in ("rl", "dppo") for k, v in groups[s].items()}
@@ -170,7 +170,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         env_overrides[key] = value
     env_cfg = load_env_config(args.env) if args.env else from_dict(EnvConfig, ckpt.config["env"])
     env_cfg = dataclasses.replace(env_cfg, num_envs=args.num_envs)
-    env_cfg = apply_overrides(env_cfg, env_overrides) if env_overrides else env_cfg
+    env_cfg = apply_overrides(env_cfg, env_overrides, prefix="env.") if env_overrides else env_cfg
     env = make_env(env_cfg, device=device)
     try:
         chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)

@@ -168,12 +168,15 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=list))
 
 
-def apply_overrides(cfg: T, overrides: dict[str, str]) -> T:
-    """Return a copy of `cfg` with dotted overrides applied: `{"rl.clip_eps": "0.01"}`."""
+def apply_overrides(cfg: T, overrides: dict[str, str], prefix: str = "") -> T:
+    """Return a copy of `cfg` with dotted overrides applied: `{"rl.clip_eps": "0.01"}`.
+
+    `prefix` is how the CLI names this config's section (e.g. `train.`), used in error messages."""
     data = to_dict(cfg)
-    for dotted, raw in overrides.items():
+    for key, raw in overrides.items():
+        dotted = prefix + key
+        parts = key.split(".")
         node = data
-        parts = dotted.split(".")
         for part in parts[:-1]:
             if not isinstance(node.get(part), dict):
                 raise ConfigError(f"override --{dotted}: {part!r} is not a config section")
@@ -183,8 +186,7 @@ def apply_overrides(cfg: T, overrides: dict[str, str]) -> T:
                 f"override --{dotted}: unknown field {parts[-1]!r}; expected one of {sorted(node)}"
             )
         node[parts[-1]] = raw
-    rebuilt = from_dict(type(cfg), data)
-    return rebuilt
+    return from_dict(type(cfg), data, where=prefix.rstrip("."))
 
 
 def parse_override_args(args: list[str]) -> dict[str, str]:
@@ -229,7 +231,7 @@ class EnvConfig:
     """Action meaning; must match the dataset's and the rig's."""
     obs_mode: str = "state"
     """Observation mode: `state`, or `rgb` for camera observations."""
-    reward_mode: str = "normalized_dense"
+    reward_mode: str = "dense"
     """Reward: `normalized_dense`, `dense` or `sparse` (ManiSkill); `dense`/`sparse` for the toy suite."""
     max_episode_steps: int = 100
     """Episode limit in env steps (not chunks); motion-planned demos need >= 100 on ManiSkill."""
@@ -249,7 +251,7 @@ def load_env_config(name_or_path: str, overrides: dict[str, str] | None = None) 
     """Load `envs/<name>.yaml` (or a YAML path) into an EnvConfig, then apply `overrides`."""
     path = find_preset("envs", name_or_path)
     cfg = from_dict(EnvConfig, load_yaml(path), where=str(path))
-    return apply_overrides(cfg, overrides) if overrides else cfg
+    return apply_overrides(cfg, overrides, prefix="env.") if overrides else cfg
 
 
 def resolve_device(device: str) -> str:

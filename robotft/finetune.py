@@ -73,13 +73,18 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     out = Path(cfg.out)
-    resuming = resume and (out / ckpt_io.LATEST_LINK).exists()
-    source = ckpt_io.read_checkpoint(out if resuming else cfg.source)
+    previous = ckpt_io.resume_checkpoint(out) if resume else None
+    resuming = previous is not None
+    if resume and not resuming:
+        print(f"--resume: no checkpoint in {out} yet, starting from {cfg.source}", file=sys.stderr)
+    source = ckpt_io.read_checkpoint(previous if resuming else cfg.source)
+    # The pretrained checkpoint this run started from, also after any number of resumes.
+    origin = source.meta.get("source", str(source.path)) if resuming else str(source.path)
     env_cfg = cfg.env or from_dict(EnvConfig, source.config["env"])
     cfg = dataclasses.replace(cfg, env=env_cfg)
     policy_cfg = from_dict(policy_config_class(source.config["policy"]["type"]), source.config["policy"])
     if policy_overrides and not resuming:
-        policy_cfg = apply_overrides(policy_cfg, policy_overrides)
+        policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.")
     policy = build_policy(policy_cfg, source.spec, source.normalizer)
     policy.load_state_dict(source.model_state)
     policy.to(device)
@@ -96,6 +101,9 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
     ppo = PPO(algo, critic, chunked, cfg.rl, seed=cfg.seed)
     if resuming:
         ppo.load_state_dict(source.training_state()["ppo"])
+        if ppo.iteration >= cfg.rl.iterations:
+            raise ValueError(f"{previous} is at iteration {ppo.iteration} and --iterations is {cfg.rl.iterations}: "
+                             "nothing to resume (raise --iterations to train longer)")
         print(f"resuming {out} from iteration {ppo.iteration}", file=sys.stderr)
     run_config = {"stage": "finetune", **to_dict(cfg)}
     out.mkdir(parents=True, exist_ok=True)
@@ -114,13 +122,13 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
                     "run": run_config},
             normalizer=source.normalizer,
             meta={"stage": "finetune", "step": ppo.iteration, "env_steps": ppo.env_steps, "metrics": metrics,
-                  "algo": cfg.algo, "source": str(source.path)},
+                  "algo": cfg.algo, "source": origin},
             training_state={"ppo": ppo.state_dict()},
         )
 
     metrics: dict[str, Any] = {}
     try:
-        with RunLogger(out) as log:
+        with RunLogger(out, resume_step=ppo.env_steps if resuming else None) as log:
             if cfg.eval_episodes > 0 and ppo.iteration == 0:
                 metrics = _log_eval(log, ppo, run_eval(), "before fine-tuning")
             bar = tqdm(range(ppo.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]", initial=ppo.iteration,

@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from robotft import checkpoint as ckpt_io
-from robotft.config import EnvConfig, from_dict, resolve_device, to_dict
+from robotft.config import EnvConfig, resolve_device, to_dict
 from robotft.datasets.normalizer import Normalizer
 from robotft.datasets.sampler import SequenceSampler
 from robotft.datasets.store import ReplayBuffer
@@ -130,13 +130,20 @@ def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = F
 
     start_step = 0
     resume_state = None
-    if resume and (out / ckpt_io.LATEST_LINK).exists():
-        prev = ckpt_io.read_checkpoint(out)
+    previous = ckpt_io.resume_checkpoint(out) if resume else None
+    if previous is not None:
+        prev = ckpt_io.read_checkpoint(previous)
+        _check_same_policy_config(prev.config["policy"], to_dict(policy_cfg), previous)
         resume_state = prev.training_state()
         normalizer = prev.normalizer
         start_step = int(prev.meta["step"])
+        if start_step >= cfg.train.steps:
+            raise ValueError(f"{previous} is at step {start_step} and --steps is {cfg.train.steps}: nothing to "
+                             "resume (raise --steps to train longer)")
         print(f"resuming {out} from step {start_step}", file=sys.stderr)
     else:
+        if resume:
+            print(f"--resume: no checkpoint in {out} yet, starting from step 0", file=sys.stderr)
         normalizer = fit_normalizer(buffer, policy_cfg)
     policy = build_policy(policy_cfg, spec, normalizer).to(device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -177,7 +184,7 @@ def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = F
         )
 
     metrics: dict[str, Any] = {}
-    with RunLogger(out) as log:
+    with RunLogger(out, resume_step=start_step if previous is not None else None) as log:
         bar = tqdm(range(start_step, cfg.train.steps), desc="pretrain", initial=start_step,
                    total=cfg.train.steps, dynamic_ncols=True, file=sys.stderr)
         t0, last_log = time.perf_counter(), start_step
@@ -217,6 +224,15 @@ def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = F
     return out
 
 
+def _check_same_policy_config(saved: dict[str, Any], requested: dict[str, Any], where: Path) -> None:
+    """A resumed run must rebuild the policy it saved; name the fields that differ."""
+    diff = sorted(k for k in set(saved) | set(requested) if saved.get(k) != requested.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {requested.get(k)!r}" for k in diff)
+        raise ValueError(f"cannot resume from {where}: the policy config differs ({detail}); "
+                         "resume with the same --policy and --policy.* flags")
+
+
 def evaluate_in_env(policy: Policy, env_cfg: EnvConfig, episodes: int, num_envs: int, seed: int,
                     device: str, make_env) -> Any:
     from robotft.envs.chunked import ChunkedEnv
@@ -249,6 +265,3 @@ def _to_device(batch: Any, device: str) -> Any:
         return batch.to(device, non_blocking=True)
     return batch
 
-
-def load_pretrain_config(data: dict[str, Any]) -> PretrainConfig:
-    return from_dict(PretrainConfig, data)

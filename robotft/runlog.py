@@ -9,12 +9,18 @@ from pathlib import Path
 class RunLogger:
     """Scalars go to TensorBoard (`<run>/tb`) and to `<run>/metrics.jsonl` (for plots and scripts)."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, resume_step: int | None = None) -> None:
+        """`resume_step`: a resumed run drops what was logged after its checkpoint (it is logged again)."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.tb = SummaryWriter(str(self.run_dir / "tb"))
+        purge = None
+        if resume_step is not None:
+            purge = resume_step + 1
+            kept = [r for r in read_metrics(self.run_dir) if r["step"] <= resume_step]
+            (self.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge)
         self._jsonl = open(self.run_dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
 
     def log(self, step: int, scalars: dict[str, float]) -> None:

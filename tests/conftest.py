@@ -25,8 +25,10 @@ def _console_script() -> str:
 def describe(argv, rc, stdout: str, stderr: str, limit: int = 4000) -> str:
     """An assertion message: the command, its exit status and the tails of its output."""
     cmd = " ".join(map(str, argv)) if isinstance(argv, (list, tuple)) else str(argv)
-    return (f"`{cmd}` exited {rc}\n--- stdout (tail) ---\n{stdout[-limit:]}\n"
-            f"--- stderr (tail) ---\n{stderr[-limit:]}")
+    return (
+        f"`{cmd}` exited {rc}\n--- stdout (tail) ---\n{stdout[-limit:]}\n"
+        f"--- stderr (tail) ---\n{stderr[-limit:]}"
+    )
 
 
 class Cli:
@@ -45,13 +47,20 @@ class Cli:
 
     describe = staticmethod(describe)
 
-    def run(self, *args: str | os.PathLike, cwd: str | os.PathLike, timeout: float = 600,
-            expect_rc: int | None = 0) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        *args: str | os.PathLike,
+        cwd: str | os.PathLike,
+        timeout: float = 600,
+        expect_rc: int | None = 0,
+    ) -> subprocess.CompletedProcess:
         """Run to completion; with `expect_rc` set, fail (showing stderr) on any other exit status."""
         argv = [self.exe, *map(str, args)]
         proc = subprocess.run(argv, cwd=cwd, env=self.env, capture_output=True, text=True, timeout=timeout)
         if expect_rc is not None:
-            assert proc.returncode == expect_rc, describe(proc.args, proc.returncode, proc.stdout, proc.stderr)
+            assert proc.returncode == expect_rc, describe(
+                proc.args, proc.returncode, proc.stdout, proc.stderr
+            )
         return proc
 
     def popen(self, *args: str | os.PathLike, cwd: str | os.PathLike, log_dir: Path) -> subprocess.Popen:

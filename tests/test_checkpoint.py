@@ -77,3 +77,37 @@ def test_errors_name_the_file(tmp_path):
     (path / "config.json").write_text(json.dumps({"spec": {}}))
     with pytest.raises(ck.CheckpointError, match="missing key 'policy'"):
         ck.read_checkpoint(path)
+
+
+def _save(run_dir, step):
+    return ck.save_run_checkpoint(run_dir, step, model_state={"w": torch.zeros(1)},
+                                  config={"policy": {"type": "x"}, "spec": {}}, normalizer=_norm(), meta={"step": step})
+
+
+def test_resume_checkpoint_refuses_a_broken_link_and_cleans_leftovers(tmp_path):
+    assert ck.resume_checkpoint(tmp_path) is None
+    ckpt = _save(tmp_path, 5)
+    assert ck.resume_checkpoint(tmp_path) == ckpt.resolve()
+    assert (ckpt.stat().st_mode & 0o044) == 0o044, "checkpoints must be readable like other files"
+    # leftovers of a run killed mid-save
+    (tmp_path / "checkpoints" / ".step_00000010.tmp-abc").mkdir()
+    os.symlink("nowhere", tmp_path / ".checkpoint.tmp-123")
+    _save(tmp_path, 10)
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if ".tmp-" in p.name]
+    assert not (tmp_path / ".checkpoint.tmp-123").is_symlink()
+    import shutil
+
+    shutil.rmtree(tmp_path / "checkpoints")
+    with pytest.raises(ck.CheckpointError, match="not a complete checkpoint"):
+        ck.resume_checkpoint(tmp_path)
+
+
+def test_run_logger_resume_drops_rows_logged_after_the_checkpoint(tmp_path):
+    from robotft.runlog import RunLogger, read_metrics
+
+    with RunLogger(tmp_path) as log:
+        for step in (10, 20, 30):
+            log.log(step, {"loss": float(step)})
+    with RunLogger(tmp_path, resume_step=20) as log:
+        log.log(30, {"loss": 3.0})
+    assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path)] == [(10, 10.0), (20, 20.0), (30, 3.0)]

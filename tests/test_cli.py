@@ -29,10 +29,28 @@ KILL_WAIT_TIMEOUT_S = 120.0
 
 TOY_ENV = "toy/nav2d"
 # Small BC runs on the toy env: tiny network and batch, no evaluation.
-TOY_PRETRAIN = ["--env", TOY_ENV, "--policy", "diffusion_mlp", "--train.eval_episodes", "0",
-                "--train.batch_size", "32", "--policy.hidden_dims", "64,64"]
-TOY_FINETUNE = ["--rl.steps_per_iter", "5", "--save_every", "1", "--eval_episodes", "0",
-                "--env.num_envs", "8"]
+TOY_PRETRAIN = [
+    "--env",
+    TOY_ENV,
+    "--policy",
+    "diffusion_mlp",
+    "--train.eval_episodes",
+    "0",
+    "--train.batch_size",
+    "32",
+    "--policy.hidden_dims",
+    "64,64",
+]
+TOY_FINETUNE = [
+    "--rl.steps_per_iter",
+    "5",
+    "--save_every",
+    "1",
+    "--eval_episodes",
+    "0",
+    "--env.num_envs",
+    "8",
+]
 CHECKPOINT_FILES = ("model.safetensors", "config.json", "normalizer.safetensors", "meta.json")
 
 
@@ -53,7 +71,9 @@ def read_meta(ckpt_or_run: Path) -> dict:
 
 def assert_complete_checkpoint(path: Path) -> None:
     for name in CHECKPOINT_FILES:
-        assert (path / name).is_file(), f"{path}: missing {name} (has {sorted(p.name for p in path.iterdir())})"
+        assert (path / name).is_file(), (
+            f"{path}: missing {name} (has {sorted(p.name for p in path.iterdir())})"
+        )
 
 
 def linked_step(run_dir: Path) -> int:
@@ -66,17 +86,23 @@ def linked_step(run_dir: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
-def kill_when(proc: subprocess.Popen, log_dir: Path, ready, what: str, timeout: float = KILL_WAIT_TIMEOUT_S) -> None:
+def kill_when(
+    proc: subprocess.Popen, log_dir: Path, ready, what: str, timeout: float = KILL_WAIT_TIMEOUT_S
+) -> None:
     """Poll `ready()` until true, then SIGKILL `proc`; fail if it exits or times out first."""
     deadline = time.monotonic() + timeout
     try:
         while not ready():
             if proc.poll() is not None:
-                pytest.fail(f"process exited (rc {proc.returncode}) before {what}\n--- stderr (tail) ---\n"
-                            f"{(log_dir / 'stderr.txt').read_text()[-4000:]}")
+                pytest.fail(
+                    f"process exited (rc {proc.returncode}) before {what}\n--- stderr (tail) ---\n"
+                    f"{(log_dir / 'stderr.txt').read_text()[-4000:]}"
+                )
             if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n--- stderr (tail) ---\n"
-                            f"{(log_dir / 'stderr.txt').read_text()[-4000:]}")
+                pytest.fail(
+                    f"timed out after {timeout:.0f} s waiting for {what}\n--- stderr (tail) ---\n"
+                    f"{(log_dir / 'stderr.txt').read_text()[-4000:]}"
+                )
             time.sleep(POLL_S)
         assert proc.poll() is None, f"process finished before it could be killed ({what} came too late)"
     finally:
@@ -90,7 +116,8 @@ def tree_digest(root: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under `root` (hidden zarr metadata files included)."""
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*")) if p.is_file()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
     }
 
 
@@ -123,18 +150,56 @@ def ms_demos(cli, ms_root) -> Path:
 @pytest.fixture(scope="module")
 def ms_bc(cli, ms_root, ms_demos) -> Path:
     out = ms_root / "bc"
-    cli.run("pretrain", "--env", "maniskill/push_cube", "--policy", "diffusion_mlp", "--data", ms_demos,
-            "--steps", "30", "--out", out, "--train.save_every", "10", "--train.eval_episodes", "1",
-            "--train.batch_size", "32", "--policy.hidden_dims", "64,64", cwd=ms_root)
+    cli.run(
+        "pretrain",
+        "--env",
+        "maniskill/push_cube",
+        "--policy",
+        "diffusion_mlp",
+        "--data",
+        ms_demos,
+        "--steps",
+        "30",
+        "--out",
+        out,
+        "--train.save_every",
+        "10",
+        "--train.eval_episodes",
+        "1",
+        "--train.batch_size",
+        "32",
+        "--policy.hidden_dims",
+        "64,64",
+        cwd=ms_root,
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def ms_ft(cli, ms_root, ms_bc) -> Path:
     out = ms_root / "dppo"
-    cli.run("finetune", "--from", ms_bc, "--algo", "dppo", "--iterations", "2", "--out", out,
-            "--rl.steps_per_iter", "4", "--rl.critic_warmup_iters", "1", "--rl.minibatch_size", "4",
-            "--eval_episodes", "1", "--dppo.ft_denoising_steps", "5", cwd=ms_root)
+    cli.run(
+        "finetune",
+        "--from",
+        ms_bc,
+        "--algo",
+        "dppo",
+        "--iterations",
+        "2",
+        "--out",
+        out,
+        "--rl.steps_per_iter",
+        "4",
+        "--rl.critic_warmup_iters",
+        "1",
+        "--rl.minibatch_size",
+        "4",
+        "--eval_episodes",
+        "1",
+        "--dppo.ft_denoising_steps",
+        "5",
+        cwd=ms_root,
+    )
     return out
 
 
@@ -173,7 +238,9 @@ def test_push_cube_eval_json(cli, ms_root, ms_bc):
     assert 0.0 <= result["success_rate"] <= 1.0, result
     assert result["episodes"] == 2, result
     ci = result["ci95"]
-    assert isinstance(ci, list) and len(ci) == 2 and 0.0 <= ci[0] <= result["success_rate"] <= ci[1] <= 1.0, result
+    assert isinstance(ci, list) and len(ci) == 2 and 0.0 <= ci[0] <= result["success_rate"] <= ci[1] <= 1.0, (
+        result
+    )
     assert math.isfinite(result["mean_return"]), result
 
 
@@ -187,7 +254,9 @@ def test_push_cube_finetune_then_eval(cli, ms_root, ms_ft):
     assert (ms_ft / "learning_curve.png").is_file()
     assert (ms_ft / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     tb = ms_ft / "tb"
-    assert tb.is_dir() and any(p.name.startswith("events.out.tfevents") for p in tb.iterdir()), list(tb.iterdir())
+    assert tb.is_dir() and any(p.name.startswith("events.out.tfevents") for p in tb.iterdir()), list(
+        tb.iterdir()
+    )
     assert_complete_checkpoint((ms_ft / "checkpoint").resolve())
     # No --env / --env-override: the fine-tuned checkpoint carries everything eval needs.
     # (--episodes 2 only keeps the budget; the default is 50.)
@@ -216,8 +285,19 @@ def toy_demos(cli, toy_root) -> Path:
 def toy_bc(cli, toy_root, toy_demos) -> Path:
     """An uninterrupted 400-step BC run: the fine-tuning source and the resume test's reference."""
     out = toy_root / "bc_ref"
-    cli.run("pretrain", *TOY_PRETRAIN, "--data", toy_demos, "--steps", "400", "--out", out,
-            "--train.save_every", "100", cwd=toy_root)
+    cli.run(
+        "pretrain",
+        *TOY_PRETRAIN,
+        "--data",
+        toy_demos,
+        "--steps",
+        "400",
+        "--out",
+        out,
+        "--train.save_every",
+        "100",
+        cwd=toy_root,
+    )
     return out
 
 
@@ -226,10 +306,26 @@ def test_pretrain_kill_and_resume(cli, toy_root, toy_demos, toy_bc):
 
     out = toy_root / "bc_killed"
     logs = toy_root / "bc_killed_logs"
-    proc = cli.popen("pretrain", *TOY_PRETRAIN, "--data", toy_demos, "--steps", "3000", "--out", out,
-                     "--train.save_every", "100", cwd=toy_root, log_dir=logs)
-    kill_when(proc, logs, lambda: (out / "checkpoints" / "step_00000200").is_dir() and linked_step(out) >= 200,
-              "checkpoints/step_00000200")
+    proc = cli.popen(
+        "pretrain",
+        *TOY_PRETRAIN,
+        "--data",
+        toy_demos,
+        "--steps",
+        "3000",
+        "--out",
+        out,
+        "--train.save_every",
+        "100",
+        cwd=toy_root,
+        log_dir=logs,
+    )
+    kill_when(
+        proc,
+        logs,
+        lambda: (out / "checkpoints" / "step_00000200").is_dir() and linked_step(out) >= 200,
+        "checkpoints/step_00000200",
+    )
 
     # Whatever moment it died at, the link names a complete, loadable checkpoint.
     ckpt = read_checkpoint(out)
@@ -243,8 +339,20 @@ def test_pretrain_kill_and_resume(cli, toy_root, toy_demos, toy_bc):
     # --steps 400 as planned; were the run slow enough to be killed past 400, finish 100 steps later
     # (a resume with --steps below the checkpoint's step has nothing to do).
     target = max(400, killed_at + 100)
-    res = cli.run("pretrain", *TOY_PRETRAIN, "--data", toy_demos, "--steps", str(target), "--out", out,
-                  "--train.save_every", "100", "--resume", cwd=toy_root)
+    res = cli.run(
+        "pretrain",
+        *TOY_PRETRAIN,
+        "--data",
+        toy_demos,
+        "--steps",
+        str(target),
+        "--out",
+        out,
+        "--train.save_every",
+        "100",
+        "--resume",
+        cwd=toy_root,
+    )
     m = re.search(r"resuming .* from step (\d+)", res.stderr)
     assert m, cli.describe(res.args, res.returncode, res.stdout, res.stderr)
     assert int(m.group(1)) == killed_at >= 200
@@ -266,8 +374,20 @@ def test_finetune_kill_and_resume(cli, toy_root, toy_bc):
 
     out = toy_root / "ft_killed"
     logs = toy_root / "ft_killed_logs"
-    proc = cli.popen("finetune", "--from", toy_bc, "--algo", "dppo", "--iterations", "40", "--out", out,
-                     *TOY_FINETUNE, cwd=toy_root, log_dir=logs)
+    proc = cli.popen(
+        "finetune",
+        "--from",
+        toy_bc,
+        "--algo",
+        "dppo",
+        "--iterations",
+        "40",
+        "--out",
+        out,
+        *TOY_FINETUNE,
+        cwd=toy_root,
+        log_dir=logs,
+    )
     kill_when(proc, logs, lambda: linked_step(out) >= 2, "the 2nd fine-tuning checkpoint")
 
     ckpt = read_checkpoint(out)
@@ -279,8 +399,20 @@ def test_finetune_kill_and_resume(cli, toy_root, toy_bc):
     assert ckpt.training_state() is not None
     load_policy(out)
 
-    res = cli.run("finetune", "--from", toy_bc, "--algo", "dppo", "--iterations", str(k + 2), "--out", out,
-                  *TOY_FINETUNE, "--resume", cwd=toy_root)
+    res = cli.run(
+        "finetune",
+        "--from",
+        toy_bc,
+        "--algo",
+        "dppo",
+        "--iterations",
+        str(k + 2),
+        "--out",
+        out,
+        *TOY_FINETUNE,
+        "--resume",
+        cwd=toy_root,
+    )
     m = re.search(r"resuming .* from iteration (\d+)", res.stderr)
     assert m and int(m.group(1)) == k, cli.describe(res.args, res.returncode, res.stdout, res.stderr)
     meta = read_meta(out)
@@ -294,8 +426,18 @@ def test_finetune_kill_and_resume(cli, toy_root, toy_bc):
 
 def test_pretrain_missing_dataset(cli, tmp_path):
     missing = tmp_path / "no_such_demos.zarr"
-    proc = cli.run("pretrain", *TOY_PRETRAIN, "--data", missing, "--steps", "5", "--out", tmp_path / "bc",
-                   cwd=tmp_path, expect_rc=2)
+    proc = cli.run(
+        "pretrain",
+        *TOY_PRETRAIN,
+        "--data",
+        missing,
+        "--steps",
+        "5",
+        "--out",
+        tmp_path / "bc",
+        cwd=tmp_path,
+        expect_rc=2,
+    )
     assert str(missing) in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "bc" / "checkpoint").exists()
@@ -314,8 +456,20 @@ def test_eval_not_a_checkpoint(cli, tmp_path, kind):
 
 
 def test_unknown_override(cli, tmp_path, toy_demos):
-    proc = cli.run("pretrain", *TOY_PRETRAIN, "--data", toy_demos, "--steps", "5", "--out", tmp_path / "bc",
-                   "--train.nope", "1", cwd=tmp_path, expect_rc=2)
+    proc = cli.run(
+        "pretrain",
+        *TOY_PRETRAIN,
+        "--data",
+        toy_demos,
+        "--steps",
+        "5",
+        "--out",
+        tmp_path / "bc",
+        "--train.nope",
+        "1",
+        cwd=tmp_path,
+        expect_rc=2,
+    )
     assert "nope" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "bc" / "checkpoint").exists()
@@ -338,8 +492,9 @@ def test_generate_refuses_existing_store(cli, tmp_path, toy_demos):
     shutil.copytree(toy_demos, store)
     before = tree_digest(store)
     assert before
-    proc = cli.run("data", "generate", "--env", TOY_ENV, "--episodes", "3", "--out", store, cwd=tmp_path,
-                   expect_rc=None)
+    proc = cli.run(
+        "data", "generate", "--env", TOY_ENV, "--episodes", "3", "--out", store, cwd=tmp_path, expect_rc=None
+    )
     assert proc.returncode != 0, cli.describe(proc.args, proc.returncode, proc.stdout, proc.stderr)
     assert str(store) in proc.stderr, proc.stderr
     assert tree_digest(store) == before, "the existing store was modified"

@@ -428,7 +428,7 @@ class DatasetWriter:
         self._episode_ends: list[int] = []
         self._task_index: list[int] = []
         if mode == "create" and self.path.exists():
-            raise DatasetError(f"{self.path}: already exists (use mode='append' or mode='overwrite')")
+            raise DatasetError(f"{self.path}: already exists (append to it with mode='append' / --append, or replace it with mode='overwrite' / --overwrite)")
         existing = self._open_existing() if mode == "append" else None
 
         self._tmp = self.path.parent / f"{self.path.name}.tmp-{secrets.token_hex(4)}"

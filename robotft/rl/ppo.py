@@ -58,6 +58,10 @@ class PPOConfig:
     """Divide rewards by the running std of the discounted return."""
     norm_adv: bool = True
     """Normalize advantages over the batch."""
+    bootstrap_on_success: bool = False
+    """Treat a success that ends the episode as an absorbing state worth V(final obs), as ManiSkill's PPO
+    baseline does, instead of the end of all reward. With a dense reward that stops at success, an
+    episodic return otherwise pays the policy to hover near the goal without ever succeeding."""
     critic_hidden: tuple[int, ...] = (256, 256, 256)
     """Critic MLP widths."""
 
@@ -118,6 +122,8 @@ class PPO:
                 reward = self.reward_scaler(reward, done)
             # Truncation is not termination: bootstrap from the value of the observation it stopped at.
             bootstrap = truncated & ~terminated
+            if cfg.bootstrap_on_success:
+                bootstrap = bootstrap | (terminated & info["success"])
             if bootstrap.any():
                 final_value = self.critic(info["final_obs"])
                 reward = reward + cfg.gamma * final_value * bootstrap.float()

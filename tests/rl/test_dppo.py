@@ -119,3 +119,26 @@ def test_pretrain_then_dppo_raises_success_on_toy(tmp_path):
     after = success(ft)
     assert before > 0.08, f"BC should beat a policy that never reaches the goal, got {before:.2f}"
     assert after > before + 0.12, f"DPPO should improve on BC: {before:.2f} -> {after:.2f}"
+
+
+def test_ddim_finetuning_checkpoint_evaluates_without_flags(tmp_path):
+    """Fine-tune a DDPM-pretrained policy with a 5-step DDIM sampler (DPPO's DDIM fine-tuning): the
+    checkpoint records the sampler and the fine-tuned steps, so loading it needs no flags."""
+    from robotft import checkpoint as ck
+    from robotft.cli import main
+    from robotft.finetune import FinetuneConfig, run_finetune
+    from robotft.rl.ppo import PPOConfig
+
+    demos, bc, ft = tmp_path / "demos.zarr", tmp_path / "bc", tmp_path / "ddim"
+    assert main(["data", "generate", "--env", "toy/nav2d", "--episodes", "10", "--out", str(demos)]) == 0
+    assert main(["pretrain", "--env", "toy/nav2d", "--policy", "diffusion_mlp", "--data", str(demos), "--steps", "20",
+                 "--out", str(bc), "--policy.hidden_dims", "32,32", "--train.eval_episodes", "0"]) == 0
+    cfg = FinetuneConfig(source=str(bc), out=str(ft), dppo=DPPOConfig(ft_denoising_steps=5),
+                         env=EnvConfig(backend="toy", task="nav2d", num_envs=4, max_episode_steps=40),
+                         rl=PPOConfig(iterations=2, steps_per_iter=3, critic_warmup_iters=1), eval_episodes=2)
+    run_finetune(cfg, policy_overrides={"sampler": "ddim", "ddim_steps": "5"})
+    policy, loaded = ck.load_policy(ft)
+    assert policy.config.sampler == "ddim" and policy.config.ft_denoising_steps == 5
+    assert loaded.meta["stage"] == "finetune" and loaded.meta["env_steps"] > 0
+    out = policy.predict_chunk({"state": torch.zeros(3, 1, 4)})
+    assert out.shape == (3, 8, 2) and torch.isfinite(out).all()

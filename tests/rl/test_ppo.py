@@ -1,0 +1,90 @@
+"""PPO core mechanics on the toy env with a tiny diffusion policy under DPPO."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from robotft.config import EnvConfig
+from robotft.datasets.normalizer import Normalizer
+from robotft.envs.chunked import ChunkedEnv
+from robotft.envs.factory import make_env
+from robotft.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
+from robotft.rl.critic import ValueCritic
+from robotft.rl.dppo import DPPO, DPPOConfig
+from robotft.rl.ppo import PPO, PPOConfig
+
+
+def _setup(**ppo_kwargs):
+    torch.manual_seed(0)
+    env = make_env(EnvConfig(backend="toy", task="nav2d", num_envs=8, max_episode_steps=40, control_mode="velocity_2d",
+                             reward_mode="dense"))
+    norm = Normalizer.fit({"state": np.random.uniform(-1, 1, (100, 4)), "action": np.random.uniform(-1, 1, (100, 2))},
+                          {"state": "minmax", "action": "minmax"})
+    cfg = DiffusionPolicyConfig(type="diffusion_mlp", obs_steps=1, horizon_steps=4, act_steps=2, hidden_dims=(32, 32),
+                                num_train_timesteps=5)
+    policy = DiffusionPolicy(cfg, env.spec, norm)
+    algo = DPPO(policy, DPPOConfig(ft_denoising_steps=3))
+    critic = ValueCritic(["state"], 4, norm, hidden_dims=(32,))
+    chunked = ChunkedEnv(env, 1, 2)
+    return PPO(algo, critic, chunked, PPOConfig(steps_per_iter=6, minibatch_size=16, **ppo_kwargs)), policy
+
+
+def test_rollout_buffer_shapes_and_env_steps():
+    ppo, policy = _setup()
+    buf, next_value, stats = ppo.collect()
+    assert buf.samples["chain"].shape == (6, 8, 4, 4, 2)  # [T, B, K+1, H, A]
+    assert buf.logprobs.shape == (6, 8, 3) and next_value.shape == (8,)
+    assert stats.env_steps == 6 * 8 * 2 == ppo.env_steps
+
+
+def test_critic_warmup_leaves_actor_untouched_then_actor_trains():
+    ppo, policy = _setup(critic_warmup_iters=1, update_epochs=2, actor_lr=1e-2)
+    ft_before = copy.deepcopy(policy.ft_net.state_dict())
+    critic_before = copy.deepcopy(ppo.critic.state_dict())
+    metrics = ppo.update(*ppo.collect()[:2])
+    assert metrics["actor_trained"] == 0.0
+    assert all(torch.equal(v, policy.ft_net.state_dict()[k]) for k, v in ft_before.items())
+    assert any(not torch.equal(v, ppo.critic.state_dict()[k]) for k, v in critic_before.items())
+    metrics = ppo.update(*ppo.collect()[:2])
+    assert metrics["actor_trained"] == 1.0 and "approx_kl" in metrics
+    assert any(not torch.equal(v, policy.ft_net.state_dict()[k]) for k, v in ft_before.items())
+    frozen = policy.net.state_dict()
+    assert all(torch.equal(frozen[k], v) for k, v in ft_before.items()), "the pretrained net must stay frozen"
+
+
+def test_kl_early_stop_stops_the_epoch_loop():
+    ppo, _ = _setup(critic_warmup_iters=0, update_epochs=50, target_kl=1e-12, actor_lr=1e-2)
+    ppo.update(*ppo.collect()[:2])  # first update moves the policy away from the rollout's
+    metrics = ppo.update(*ppo.collect()[:2])
+    assert metrics["kl_early_stop"] == 1.0
+
+
+@pytest.mark.parametrize("clip_value", [0.0, 0.1])
+def test_value_loss_clipping(clip_value):
+    ppo, _ = _setup(clip_value=clip_value)
+    obs = {"state": torch.zeros(4, 1, 4)}
+    with torch.no_grad():
+        v = ppo.critic(obs)
+    returns = v + 1.0
+    old = v - 0.5  # the old value is far below: clipping limits how far V may move from it
+    loss = ppo._value_loss(obs, returns, old)
+    unclipped = 0.5 * ((v - returns) ** 2).mean()
+    if clip_value == 0:
+        assert torch.allclose(loss, unclipped)
+    else:
+        clipped = 0.5 * ((old + 0.1 - returns) ** 2).mean()  # V - old = 0.5 is clipped to 0.1
+        assert torch.allclose(loss, torch.max(unclipped, clipped))
+
+
+def test_state_dict_round_trip_resumes_counters():
+    ppo, _ = _setup(critic_warmup_iters=0)
+    ppo.update(*ppo.collect()[:2])
+    state = ppo.state_dict()
+    fresh, _ = _setup(critic_warmup_iters=0)
+    fresh.algo.policy.load_state_dict(ppo.algo.policy.state_dict())
+    fresh.load_state_dict(state)
+    assert fresh.iteration == 1 and fresh.env_steps == ppo.env_steps
+    for k, v in ppo.critic.state_dict().items():
+        assert torch.equal(v, fresh.critic.state_dict()[k])
