@@ -1,0 +1,44 @@
+import torch
+
+from robotft.config import EnvConfig
+from robotft.envs.chunked import ChunkedEnv
+from robotft.envs.factory import make_env
+from robotft.envs.toy import Nav2DExpert
+from robotft.evaluation import evaluate
+
+
+def _env(n):
+    return ChunkedEnv(make_env(EnvConfig(backend="toy", task="nav2d", num_envs=n, max_episode_steps=40)), 1, 1)
+
+
+def test_counts_exactly_the_requested_episodes_and_reports_ci():
+    env = _env(8)
+    still = evaluate(lambda o: torch.zeros(o["state"].shape[0], 1, 2), env, 20, seed=3)
+    assert still.episodes == 20 and still.success_rate == 0.0
+    assert still.mean_length == 40  # standing still times out at the episode limit
+    assert still.ci95[0] == 0.0 and 0.0 < still.ci95[1] < 0.25
+
+
+def test_expert_success_rate_and_determinism():
+    def run():
+        env = _env(16)
+        expert = Nav2DExpert(16, seed=0)
+        obs = env.reset(seed=5)
+        expert.reset(torch.arange(16), {"state": obs["state"][:, -1]})
+        last = {"state": obs["state"][:, -1]}
+
+        def act(o):
+            nonlocal last
+            cur = {"state": o["state"][:, -1]}
+            # a new episode started where the position jumped back to the start region
+            restarted = (cur["state"][:, :2] - last["state"][:, :2]).norm(dim=-1) > 0.5
+            if restarted.any():
+                expert.reset(torch.nonzero(restarted).flatten(), cur)
+            last = cur
+            return expert(cur)[:, None]
+
+        return evaluate(act, env, 64, seed=5)
+
+    a, b = run(), run()
+    assert a.success_rate >= 0.9
+    assert a.success_rate == b.success_rate and a.mean_return == b.mean_return
