@@ -165,14 +165,14 @@ def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = F
     batches = _infinite(loader)
     run_config = {"stage": "pretrain", **to_dict(cfg)}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({"run": run_config, "policy": to_dict(policy_cfg)}, indent=2))
+    (out / "config.json").write_text(json.dumps({"run": run_config, "policy": to_dict(policy.config)}, indent=2))
 
     def save(step: int, metrics: dict[str, Any]) -> None:
         ckpt_io.save_run_checkpoint(
             out,
             step,
             model_state=policy.export_state_dict(),
-            config={"policy": to_dict(policy_cfg), "env": to_dict(cfg.env), "spec": spec.to_dict(), "run": run_config},
+            config={"policy": to_dict(policy.config), "env": to_dict(cfg.env), "spec": spec.to_dict(), "run": run_config},
             normalizer=normalizer,
             meta={"stage": "pretrain", "step": step, "env_steps": 0, "metrics": metrics, "dataset": str(cfg.data)},
             training_state={
@@ -226,7 +226,11 @@ def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = F
 
 def _check_same_policy_config(saved: dict[str, Any], requested: dict[str, Any], where: Path) -> None:
     """A resumed run must rebuild the policy it saved; name the fields that differ."""
-    diff = sorted(k for k in set(saved) | set(requested) if saved.get(k) != requested.get(k))
+    # Fields left empty in the request are filled in when a policy is built (a residual policy's `base`).
+    diff = sorted(
+        k for k in set(saved) | set(requested)
+        if saved.get(k) != requested.get(k) and requested.get(k) not in (None, "", {}, [])
+    )
     if diff:
         detail = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {requested.get(k)!r}" for k in diff)
         raise ValueError(f"cannot resume from {where}: the policy config differs ({detail}); "

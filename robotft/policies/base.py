@@ -108,7 +108,7 @@ def build_policy(config: Any, spec: EnvSpec, normalizer: Normalizer) -> Policy:
     return _REGISTRY[config.type].factory(config, spec, normalizer)
 
 
-_BUILTINS = ("robotft.policies.diffusion",)
+_BUILTINS = ("robotft.policies.diffusion", "robotft.policies.gaussian", "robotft.policies.residual", "robotft.policies.flow")
 
 
 def _import_builtin_policies() -> None:

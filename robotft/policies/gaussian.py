@@ -1,0 +1,236 @@
+"""Gaussian MLP policy: a state-dependent mean chunk and a learned, state-independent log-std.
+
+The baseline actor of PPO (Schulman et al. 2017, arXiv 1707.06347; CleanRL's `ppo_continuous_action`):
+π(a | o) = N(μ_θ(o), diag(σ²)) over the normalized action chunk `[H, A]`, with one learned log σ per action
+dimension shared by all chunk steps, bounded to [log_std_min, log_std_max]. BC fits the mean (MSE) or the
+whole Gaussian (NLL); RL samples from it and scores samples with the exact diagonal-Gaussian log-density.
+
+The low-dim observation helpers here (`low_dim_obs_shapes`, `flatten_obs`) are shared by the residual and
+flow policies.
+
+Example:
+    config = GaussianPolicyConfig(obs_steps=1, horizon_steps=8, act_steps=4)
+    policy = build_policy(config, spec, normalizer)
+    loss, metrics = policy.loss({"obs": {"state": s}, "action": a})  # s [B, 1, D], a [B, 8, A]
+    actions = policy.predict_chunk({"state": s})                       # [B, 8, A], env units: the mean
+    actions, sample, logprob = policy.sample_with_logprob({"state": s})  # for PPO rollouts
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from robotft.datasets.normalizer import Normalizer
+from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
+from robotft.policies.denoising_chain import gaussian_logprob_elementwise
+from robotft.specs import EnvSpec
+
+BC_LOSSES = ("nll", "mse")
+_LOG_2PI_E = math.log(2.0 * math.pi * math.e)
+
+
+@dataclasses.dataclass
+class GaussianPolicyConfig(PolicyConfig):
+    """Gaussian MLP policy over whole action chunks (the PPO baseline)."""
+
+    type: str = "gaussian_mlp"
+    """Registered policy name."""
+    hidden_dims: tuple[int, ...] = (256, 256)
+    """Widths of the mean MLP's hidden layers (Mish activations)."""
+    log_std_init: float = -1.0
+    """Initial log σ of every action dimension (normalized action units)."""
+    log_std_min: float = -5.0
+    """Lower bound of log σ (the bound is smooth: log σ = min + (max - min) · sigmoid(raw))."""
+    log_std_max: float = 0.5
+    """Upper bound of log σ."""
+    bc_loss: str = "nll"
+    """BC objective: `nll` (Gaussian negative log-likelihood, trains mean and σ) or `mse` (mean only)."""
+    final_action_clip: float = 1.0
+    """Clip the normalized chunk to [-final_action_clip, final_action_clip] before unnormalizing."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.bc_loss not in BC_LOSSES:
+            raise ValueError(f"policy.bc_loss must be one of {BC_LOSSES}, got {self.bc_loss!r}")
+        if not self.log_std_min < self.log_std_init < self.log_std_max:
+            raise ValueError(
+                f"policy.log_std_init must lie strictly inside (log_std_min, log_std_max) = "
+                f"({self.log_std_min}, {self.log_std_max}), got {self.log_std_init}"
+            )
+        if self.final_action_clip <= 0:
+            raise ValueError(f"policy.final_action_clip must be > 0, got {self.final_action_clip}")
+        if not self.hidden_dims:
+            raise ValueError("policy.hidden_dims must name at least one hidden layer")
+
+
+# --- observation helpers shared by the low-dim policies -----------------------------------------------
+
+
+def low_dim_obs_shapes(
+    config: PolicyConfig, spec: EnvSpec, normalizer: Normalizer, policy_name: str
+) -> dict[str, tuple[int, ...]]:
+    """Expected per-key obs shape without batch, `(obs_steps, *feature_shape)`; checks that the env spec
+    and the normalizer know every key (and the action). Errors name the key and the policy."""
+    if spec.action is None:
+        raise ValueError(f"{policy_name}: the env spec has no action spec")
+    shapes = {}
+    for key in config.obs_keys:
+        if key.startswith(("rgb/", "depth/")):
+            raise ValueError(f"{policy_name} conditions on low-dim keys only; {key!r} needs an image encoder")
+        if key not in spec.observations:
+            raise KeyError(f"policy.obs_keys has {key!r}, not in the env spec's {sorted(spec.observations)}")
+        shapes[key] = (config.obs_steps, *spec.observations[key].shape)
+    missing = [k for k in [*config.obs_keys, "action"] if k not in set(normalizer.keys())]
+    if missing:
+        raise KeyError(
+            f"{policy_name}: normalizer has no statistics for {missing}; it has {normalizer.keys()}"
+        )
+    return shapes
+
+
+def flatten_obs(obs: Obs, shapes: dict[str, tuple[int, ...]], normalizer: Normalizer) -> torch.Tensor:
+    """Normalized, flattened observation history `[B, F]`, F = Σ_key prod(shapes[key]).
+
+    `obs[key]`: `[B, obs_steps, *feature_shape]` in env units; shapes from `low_dim_obs_shapes`.
+    """
+    parts: list[torch.Tensor] = []
+    for key, shape in shapes.items():
+        if key not in obs:
+            raise KeyError(f"observation key {key!r} missing: policy reads {list(shapes)}, got {sorted(obs)}")
+        x = obs[key]
+        if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != shape:
+            raise ValueError(
+                f"observation {key!r}: expected shape [B, {', '.join(map(str, shape))}] "
+                f"(obs_steps={shape[0]}, feature shape {shape[1:]}), got {tuple(x.shape)}"
+            )
+        if parts and x.shape[0] != parts[0].shape[0]:
+            raise ValueError(f"observation {key!r}: batch size {x.shape[0]} differs from {parts[0].shape[0]}")
+        parts.append(normalizer.normalize(key, x).flatten(1))
+    return torch.cat(parts, dim=1)
+
+
+def mlp(in_dim: int, hidden_dims: tuple[int, ...], out_dim: int) -> nn.Sequential:
+    """Linear → Mish → … → Linear: `[*, in_dim]` → `[*, out_dim]`."""
+    layers: list[nn.Module] = []
+    for width in hidden_dims:
+        layers += [nn.Linear(in_dim, width), nn.Mish()]
+        in_dim = width
+    layers.append(nn.Linear(in_dim, out_dim))
+    return nn.Sequential(*layers)
+
+
+class BoundedLogStd(nn.Module):
+    """A learned log σ `[A]` bounded smoothly: log σ = lo + (hi - lo) · sigmoid(raw) (so gradients never
+    vanish at a hard clamp), initialised at `init`."""
+
+    def __init__(self, dim: int, init: float, lo: float, hi: float):
+        super().__init__()
+        self.lo, self.hi = lo, hi
+        p = (init - lo) / (hi - lo)
+        self.raw = nn.Parameter(torch.full((dim,), math.log(p / (1 - p))))
+
+    def forward(self) -> torch.Tensor:
+        """log σ `[A]`."""
+        return self.lo + (self.hi - self.lo) * torch.sigmoid(self.raw)
+
+
+def check_chunk(name: str, x: torch.Tensor, horizon: int, act_dim: int) -> None:
+    """Raise unless `x` is `[B, horizon, act_dim]`."""
+    if x.ndim != 3 or tuple(x.shape[1:]) != (horizon, act_dim):
+        raise ValueError(f"{name}: expected [B, {horizon}, {act_dim}], got {tuple(x.shape)}")
+
+
+# --- policy ----------------------------------------------------------------------------------------
+
+
+class GaussianPolicy(Policy):
+    """π(a | o) = N(μ_θ(o), diag(σ²)) over normalized chunks `[B, H, A]`; σ `[A]` shared by the H steps."""
+
+    def __init__(self, config: GaussianPolicyConfig, spec: EnvSpec, normalizer: Normalizer):
+        super().__init__()
+        self.config, self.spec, self.normalizer = config, spec, normalizer
+        self.obs_shapes = low_dim_obs_shapes(config, spec, normalizer, "gaussian_mlp")
+        self.act_dim = spec.action.dim
+        obs_dim = sum(math.prod(shape) for shape in self.obs_shapes.values())
+        self.mean_net = mlp(obs_dim, tuple(config.hidden_dims), config.horizon_steps * self.act_dim)
+        self.log_std = BoundedLogStd(
+            self.act_dim, config.log_std_init, config.log_std_min, config.log_std_max
+        )
+
+    def mean(self, obs: Obs) -> torch.Tensor:
+        """μ_θ(o): normalized mean chunk `[B, H, A]`."""
+        cond = flatten_obs(obs, self.obs_shapes, self.normalizer)
+        return self.mean_net(cond).view(-1, self.config.horizon_steps, self.act_dim)
+
+    def std(self) -> torch.Tensor:
+        """σ `[A]` in normalized action units."""
+        return self.log_std().exp()
+
+    def to_actions(self, sample: torch.Tensor) -> torch.Tensor:
+        """Normalized chunk `[B, H, A]` → env units (clipped to ±final_action_clip first)."""
+        clip = self.config.final_action_clip
+        return self.normalizer.unnormalize("action", sample.clamp(-clip, clip))
+
+    @torch.no_grad()
+    def predict_chunk(
+        self, obs: Obs, deterministic: bool = True, *, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Actions `[B, H, A]` in env units: the mean (`deterministic`) or a sample of π."""
+        if deterministic:
+            return self.to_actions(self.mean(obs))
+        return self.sample_with_logprob(obs, generator=generator)[0]
+
+    @torch.no_grad()
+    def sample_with_logprob(
+        self, obs: Obs, *, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample a ~ π(· | o). Returns `(actions [B, H, A] env units, sample [B, H, A] normalized and
+        unclipped (what `logprob` scores), logprob [B])`."""
+        mean = self.mean(obs)
+        std = self.std()
+        sample = mean + std * torch.randn(mean.shape, generator=generator, device=mean.device)
+        logprob = gaussian_logprob_elementwise(sample, mean, std).sum(dim=(1, 2))
+        return self.to_actions(sample), sample, logprob
+
+    def elementwise_logprob(self, obs: Obs, sample: torch.Tensor) -> torch.Tensor:
+        """Per-entry log N(sample; μ_θ(o), σ²) `[B, H, A]` with gradients (for algorithms that score only the
+        executed `act_steps`: slice `[:, :act_steps]` before summing)."""
+        check_chunk("sample", sample, self.config.horizon_steps, self.act_dim)
+        return gaussian_logprob_elementwise(sample, self.mean(obs), self.std())
+
+    def logprob(self, obs: Obs, sample: torch.Tensor) -> torch.Tensor:
+        """log π(sample | o) `[B]`: the diagonal Gaussian's log-density, summed over H × A (Bishop 2006,
+        PRML eq. 2.43). `sample` `[B, H, A]` normalized, as returned by `sample_with_logprob`."""
+        return self.elementwise_logprob(obs, sample).sum(dim=(1, 2))
+
+    def entropy(self, obs: Obs) -> torch.Tensor:
+        """Entropy of π(· | o) `[B]`: H · Σ_a (log σ_a + ½ log 2πe) (σ does not depend on o)."""
+        batch = next(iter(obs.values())).shape[0]
+        per_chunk = self.config.horizon_steps * (self.log_std().sum() + 0.5 * _LOG_2PI_E * self.act_dim)
+        return per_chunk.expand(batch)
+
+    def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+        """BC on `{"obs": Obs, "action": [B, H, A]}` (env units): the mean NLL per entry (`nll`) or the MSE
+        of the mean (`mse`)."""
+        check_chunk("batch['action']", batch["action"], self.config.horizon_steps, self.act_dim)
+        target = self.normalizer.normalize("action", batch["action"])
+        mean = self.mean(batch["obs"])
+        mse = F.mse_loss(mean, target)
+        if self.config.bc_loss == "mse":
+            return mse, {"bc_loss": mse.item(), "mse": mse.item()}
+        nll = -gaussian_logprob_elementwise(target, mean, self.std()).mean()
+        return nll, {"bc_loss": nll.item(), "mse": mse.item(), "std": self.std().mean().item()}
+
+
+@register_policy("gaussian_mlp", GaussianPolicyConfig)
+def build_gaussian_policy(
+    config: GaussianPolicyConfig, spec: EnvSpec, normalizer: Normalizer
+) -> GaussianPolicy:
+    """The registered factory."""
+    return GaussianPolicy(config, spec, normalizer)
