@@ -32,6 +32,7 @@ from robotft.policies.denoising_chain import (
     gaussian_logprob,
     gaussian_logprob_elementwise,
 )
+from robotft.policies.encoders import flatten_obs, low_dim_obs_shapes
 from robotft.specs import EnvSpec
 
 SAMPLERS = ("ddpm", "ddim")
@@ -228,7 +229,7 @@ class DiffusionPolicy(Policy):
         self.normalizer = normalizer
         if spec.action is None:
             raise ValueError("diffusion policy: the env spec has no action spec")
-        self.obs_shapes = self._check_obs_spec(config, spec, normalizer)
+        self.obs_shapes = low_dim_obs_shapes(config, spec, normalizer, "diffusion_mlp")
         self.act_dim = spec.action.dim
         sample_dim = config.horizon_steps * self.act_dim
         cond_dim = sum(math.prod(shape) for shape in self.obs_shapes.values())
@@ -263,28 +264,6 @@ class DiffusionPolicy(Policy):
         if config.ft_denoising_steps > 0:
             self.enable_finetuning(config.ft_denoising_steps)
 
-    @staticmethod
-    def _check_obs_spec(
-        config: DiffusionPolicyConfig, spec: EnvSpec, normalizer: Normalizer
-    ) -> dict[str, tuple[int, ...]]:
-        """Expected per-key obs shape without batch, `(obs_steps, *feature_shape)`; errors name the key."""
-        shapes = {}
-        for key in config.obs_keys:
-            if key.startswith(("rgb/", "depth/")):
-                raise ValueError(
-                    f"diffusion_mlp conditions on low-dim keys only; {key!r} needs an image encoder"
-                )
-            if key not in spec.observations:
-                raise KeyError(
-                    f"policy.obs_keys has {key!r}, not in the env spec's {sorted(spec.observations)}"
-                )
-            shapes[key] = (config.obs_steps, *spec.observations[key].shape)
-        have = set(normalizer.keys())
-        missing = [k for k in [*config.obs_keys, "action"] if k not in have]
-        if missing:
-            raise KeyError(f"normalizer has no statistics for {missing}; it has {normalizer.keys()}")
-        return shapes
-
     # --- conditioning and units ---
 
     def encode_obs(self, obs: Obs) -> torch.Tensor:
@@ -292,24 +271,7 @@ class DiffusionPolicy(Policy):
 
         `obs[key]`: `[B, obs_steps, *feature_shape]` in env units for each of `config.obs_keys`.
         """
-        parts = []
-        for key, shape in self.obs_shapes.items():
-            if key not in obs:
-                raise KeyError(
-                    f"observation key {key!r} missing: policy reads {list(self.obs_shapes)}, got {sorted(obs)}"
-                )
-            x = obs[key]
-            if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != shape:
-                raise ValueError(
-                    f"observation {key!r}: expected shape [B, {', '.join(map(str, shape))}] "
-                    f"(obs_steps={shape[0]}, feature shape {shape[1:]}), got {tuple(x.shape)}"
-                )
-            if parts and x.shape[0] != parts[0].shape[0]:
-                raise ValueError(
-                    f"observation {key!r}: batch size {x.shape[0]} differs from {parts[0].shape[0]}"
-                )
-            parts.append(self.normalizer.normalize(key, x).flatten(1))
-        return torch.cat(parts, dim=1)
+        return flatten_obs(obs, self.obs_shapes, self.normalizer)
 
     def _check_chunk(self, name: str, x: torch.Tensor) -> None:
         expected = (self.config.horizon_steps, self.act_dim)

@@ -46,7 +46,7 @@ from robotft.policies.base import (
     register_policy,
 )
 from robotft.policies.denoising_chain import gaussian_logprob_elementwise
-from robotft.policies.gaussian import BoundedLogStd, check_chunk, flatten_obs, low_dim_obs_shapes, mlp
+from robotft.policies.encoders import BoundedLogStd, check_chunk, flatten_obs, low_dim_obs_shapes, mlp
 from robotft.specs import EnvSpec
 
 _LOG_2PI_E = math.log(2.0 * math.pi * math.e)

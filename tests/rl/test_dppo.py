@@ -141,4 +141,4 @@ def test_ddim_finetuning_checkpoint_evaluates_without_flags(tmp_path):
     assert policy.config.sampler == "ddim" and policy.config.ft_denoising_steps == 5
     assert loaded.meta["stage"] == "finetune" and loaded.meta["env_steps"] > 0
     out = policy.predict_chunk({"state": torch.zeros(3, 1, 4)})
-    assert out.shape == (3, 8, 2) and torch.isfinite(out).all()
+    assert out.shape == (3, policy.config.horizon_steps, 2) and torch.isfinite(out).all()
