@@ -21,8 +21,10 @@ class ValueCritic(nn.Module):
         normalizer: Normalizer,
         hidden_dims: tuple[int, ...] = (256, 256, 256),
         extra_dim: int = 0,
+        input_clip: float = 5.0,
     ) -> None:
         super().__init__()
+        self.input_clip = input_clip
         self.obs_keys = list(obs_keys)
         self.normalizer = normalizer
         layers: list[nn.Module] = []
@@ -40,7 +42,9 @@ class ValueCritic(nn.Module):
                 raise KeyError(f"critic needs observation key {key!r}; got {sorted(obs)}")
             x = obs[key]
             x = self.normalizer.normalize(key, x) if key in self.normalizer.mode else x.float()
-            parts.append(x.reshape(x.shape[0], -1))
+            # RL visits states outside the demonstrations' range, where min-max statistics of a nearly
+            # constant feature blow up; bounded inputs keep the critic's regression from exploding.
+            parts.append(x.reshape(x.shape[0], -1).clamp(-self.input_clip, self.input_clip))
         return torch.cat(parts, dim=-1)
 
     def forward(self, obs: Obs, extra: torch.Tensor | None = None) -> torch.Tensor:
