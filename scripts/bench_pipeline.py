@@ -5,7 +5,7 @@ Runs demo generation → diffusion BC → eval → DPPO → eval through the rea
   demo generation seconds (per demo), BC samples/s, fine-tuning env steps/s and update seconds per
   iteration, success rate vs env steps (before/during/after DPPO), wall time and peak memory per stage.
 
-    python scripts/bench_pipeline.py --out runs/bench --demos 20 --bc-steps 2000 --iterations 40
+    python scripts/bench_pipeline.py --out runs/bench --demos 100 --bc-steps 3000 --iterations 40
     python scripts/bench_pipeline.py --device cuda --num-envs 256 --sim-backend physx_cuda ...  (GPU)
 """
 
@@ -43,12 +43,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/bench_pipeline")
     p.add_argument("--env", default="maniskill/push_cube")
-    p.add_argument("--demos", type=int, default=20)
-    p.add_argument("--bc-steps", type=int, default=2000)
+    p.add_argument("--demos", type=int, default=100)
+    p.add_argument("--bc-steps", type=int, default=3000)
     p.add_argument("--iterations", type=int, default=40)
-    p.add_argument("--num-envs", type=int, default=2)
+    p.add_argument("--num-envs", type=int, default=4)
     p.add_argument("--steps-per-iter", type=int, default=50)
-    p.add_argument("--eval-episodes", type=int, default=50)
+    p.add_argument("--eval-episodes", type=int, default=100)
     p.add_argument("--device", default="auto")
     p.add_argument("--sim-backend", default="auto")
     p.add_argument("--seed", type=int, default=0)

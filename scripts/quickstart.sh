@@ -15,10 +15,10 @@ robotft data generate --env maniskill/push_cube --episodes "${DEMOS:-20}" --out 
 robotft data info "$run/demos.zarr"
 robotft pretrain --env maniskill/push_cube --policy diffusion_mlp --data "$run/demos.zarr" \
   --steps "${BC_STEPS:-2000}" --out "$run/bc" --train.eval_episodes 0
-before=$(robotft eval "$run/bc" --episodes 50 --json | tail -n1)
-robotft finetune --from "$run/bc" --algo dppo --iterations "${ITERATIONS:-20}" --out "$run/dppo" \
-  --env.num_envs 2
-after=$(robotft eval "$run/dppo" --episodes 50 --json | tail -n1)
+before=$(robotft eval "$run/bc" --episodes 50 --num-envs 4 --json | tail -n1)
+robotft finetune --from "$run/bc" --algo dppo --iterations "${ITERATIONS:-40}" --out "$run/dppo" \
+  --env.num_envs 4 --eval_every 10 --eval_episodes 50
+after=$(robotft eval "$run/dppo" --episodes 50 --num-envs 4 --json | tail -n1)
 
 "$venv/bin/python" - "$before" "$after" "$run" "$start" <<'PY'
 import json, sys, time
