@@ -84,6 +84,13 @@ class BoundedLogStd(nn.Module):
         return self.lo + (self.hi - self.lo) * torch.sigmoid(self.raw)
 
 
+def diagonal_gaussian_chunk_entropy(log_std: torch.Tensor, horizon: int, batch: int) -> torch.Tensor:
+    """Entropy `[batch]` of a chunk of `horizon` i.i.d. diagonal Gaussians with log σ `[A]` (state-independent):
+    H · Σ_a (log σ_a + ½ log 2πe) (Bishop 2006, PRML eq. 2.283 per dimension)."""
+    per_chunk = horizon * (log_std.sum() + 0.5 * math.log(2.0 * math.pi * math.e) * log_std.numel())
+    return per_chunk.expand(batch)
+
+
 def check_chunk(name: str, x: torch.Tensor, horizon: int, act_dim: int) -> None:
     """Raise unless `x` is `[B, horizon, act_dim]`."""
     if x.ndim != 3 or tuple(x.shape[1:]) != (horizon, act_dim):

@@ -28,11 +28,17 @@ import torch.nn.functional as F
 from robotft.datasets.normalizer import Normalizer
 from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
 from robotft.policies.denoising_chain import gaussian_logprob_elementwise
-from robotft.policies.encoders import BoundedLogStd, check_chunk, flatten_obs, low_dim_obs_shapes, mlp
+from robotft.policies.encoders import (
+    BoundedLogStd,
+    check_chunk,
+    diagonal_gaussian_chunk_entropy,
+    flatten_obs,
+    low_dim_obs_shapes,
+    mlp,
+)
 from robotft.specs import EnvSpec
 
 BC_LOSSES = ("nll", "mse")
-_LOG_2PI_E = math.log(2.0 * math.pi * math.e)
 
 
 @dataclasses.dataclass
@@ -138,8 +144,7 @@ class GaussianPolicy(Policy):
     def entropy(self, obs: Obs) -> torch.Tensor:
         """Entropy of π(· | o) `[B]`: H · Σ_a (log σ_a + ½ log 2πe) (σ does not depend on o)."""
         batch = next(iter(obs.values())).shape[0]
-        per_chunk = self.config.horizon_steps * (self.log_std().sum() + 0.5 * _LOG_2PI_E * self.act_dim)
-        return per_chunk.expand(batch)
+        return diagonal_gaussian_chunk_entropy(self.log_std(), self.config.horizon_steps, batch)
 
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         """BC on `{"obs": Obs, "action": [B, H, A]}` (env units): the mean NLL per entry (`nll`) or the MSE

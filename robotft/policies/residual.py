@@ -46,10 +46,16 @@ from robotft.policies.base import (
     register_policy,
 )
 from robotft.policies.denoising_chain import gaussian_logprob_elementwise
-from robotft.policies.encoders import BoundedLogStd, check_chunk, flatten_obs, low_dim_obs_shapes, mlp
+from robotft.policies.encoders import (
+    BoundedLogStd,
+    check_chunk,
+    diagonal_gaussian_chunk_entropy,
+    flatten_obs,
+    low_dim_obs_shapes,
+    mlp,
+)
 from robotft.specs import EnvSpec
 
-_LOG_2PI_E = math.log(2.0 * math.pi * math.e)
 _SHARED_FIELDS = ("obs_steps", "horizon_steps", "act_steps")
 
 
@@ -234,8 +240,7 @@ class ResidualPolicy(Policy):
     def entropy(self, obs: Obs) -> torch.Tensor:
         """Entropy of the residual's Gaussian `[B]`: H · Σ_a (log σ_a + ½ log 2πe)."""
         batch = next(iter(obs.values())).shape[0]
-        per_chunk = self.config.horizon_steps * (self.log_std().sum() + 0.5 * _LOG_2PI_E * self.act_dim)
-        return per_chunk.expand(batch)
+        return diagonal_gaussian_chunk_entropy(self.log_std(), self.config.horizon_steps, batch)
 
     # --- BC ---
 

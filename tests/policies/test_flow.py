@@ -6,19 +6,13 @@ import pytest
 import torch
 from torch.distributions import Normal
 
-from robotft.config import REPO_ROOT, EnvConfig, from_dict, load_yaml
+from robotft.config import REPO_ROOT, from_dict, load_yaml
 from robotft.datasets.normalizer import Normalizer
-from robotft.envs.chunked import ChunkedEnv
-from robotft.envs.factory import make_env
-from robotft.evaluation import evaluate
 from robotft.policies.base import build_policy
 from robotft.policies.flow import FlowPolicy, FlowPolicyConfig
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 OBS_DIM, ACT_DIM, H, T_O = 3, 2, 4, 2
-NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
-                  control_hz=10.0)
-
 
 def make_policy(num_steps: int = 10, **overrides) -> FlowPolicy:
     torch.manual_seed(0)
@@ -139,7 +133,7 @@ def test_preset_builds():
         FlowPolicyConfig(num_steps=11)
 
 
-def test_pretrain_beats_random_and_checkpoint_round_trips(tmp_path):
+def test_pretrain_beats_random_and_checkpoint_round_trips(tmp_path, nav2d_success):
     from robotft.checkpoint import load_policy
     from robotft.cli import main
 
@@ -150,10 +144,9 @@ def test_pretrain_beats_random_and_checkpoint_round_trips(tmp_path):
                  "--policy.width", "32", "--policy.state_hidden_dims", "64", "--policy.time_embed_dim", "32",
                  "--policy.num_steps", "5", "--train.eval_episodes", "0"]) == 0
     policy, _ = load_policy(run)
-    env = ChunkedEnv(make_env(NAV2D), policy.config.obs_steps, policy.config.act_steps)
-    bc = evaluate(lambda o: policy.predict_chunk(o), env, 200, seed=777).success_rate
-    rng = torch.Generator().manual_seed(0)
-    random = evaluate(lambda o: torch.rand(100, 8, 2, generator=rng) * 2 - 1, env, 200, seed=777).success_rate
+    steps = (policy.config.obs_steps, policy.config.act_steps, policy.config.horizon_steps)
+    bc = nav2d_success(lambda o: policy.predict_chunk(o), *steps)
+    random = nav2d_success(None, *steps)
     assert bc > random + 0.1, f"BC should beat uniform random actions: {bc:.2f} vs {random:.2f}"
 
     again, _ = load_policy(run)

@@ -5,19 +5,13 @@ import pytest
 import torch
 from torch.distributions import Normal
 
-from robotft.config import REPO_ROOT, EnvConfig, from_dict, load_yaml
+from robotft.config import REPO_ROOT, from_dict, load_yaml
 from robotft.datasets.normalizer import Normalizer
-from robotft.envs.chunked import ChunkedEnv
-from robotft.envs.factory import make_env
-from robotft.evaluation import evaluate
 from robotft.policies.base import build_policy
 from robotft.policies.gaussian import GaussianPolicy, GaussianPolicyConfig
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 OBS_DIM, ACT_DIM, H, T_O = 3, 2, 4, 2
-NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
-                  control_hz=10.0)
-
 
 def make_policy(**overrides) -> GaussianPolicy:
     torch.manual_seed(0)
@@ -83,7 +77,7 @@ def test_preset_builds():
     assert cfg.type == "gaussian_mlp" and cfg.horizon_steps == 8 and cfg.act_steps == 4
 
 
-def test_pretrain_beats_random_and_checkpoint_round_trips(tmp_path):
+def test_pretrain_beats_random_and_checkpoint_round_trips(tmp_path, nav2d_success):
     from robotft.checkpoint import load_policy
     from robotft.cli import main
 
@@ -93,10 +87,9 @@ def test_pretrain_beats_random_and_checkpoint_round_trips(tmp_path):
                  "--steps", "300", "--out", str(run), "--train.batch_size", "128", "--train.lr", "3e-3",
                  "--train.eval_episodes", "0"]) == 0
     policy, _ = load_policy(run)
-    env = ChunkedEnv(make_env(NAV2D), policy.config.obs_steps, policy.config.act_steps)
-    bc = evaluate(lambda o: policy.predict_chunk(o), env, 200, seed=777).success_rate
-    rng = torch.Generator().manual_seed(0)
-    random = evaluate(lambda o: torch.rand(100, 8, 2, generator=rng) * 2 - 1, env, 200, seed=777).success_rate
+    steps = (policy.config.obs_steps, policy.config.act_steps, policy.config.horizon_steps)
+    bc = nav2d_success(lambda o: policy.predict_chunk(o), *steps)
+    random = nav2d_success(None, *steps)
     assert bc > random + 0.1, f"BC should beat uniform random actions: {bc:.2f} vs {random:.2f}"
 
     again, _ = load_policy(run)

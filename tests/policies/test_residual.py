@@ -7,11 +7,8 @@ import torch
 from torch.distributions import Normal
 
 from robotft.checkpoint import load_policy, write_checkpoint
-from robotft.config import EnvConfig, to_dict
+from robotft.config import to_dict
 from robotft.datasets.normalizer import Normalizer
-from robotft.envs.chunked import ChunkedEnv
-from robotft.envs.factory import make_env
-from robotft.evaluation import evaluate
 from robotft.policies.base import build_policy
 from robotft.policies.diffusion import DiffusionPolicyConfig
 from robotft.policies.residual import ResidualPolicy, ResidualPolicyConfig
@@ -20,9 +17,6 @@ from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 OBS_DIM, ACT_DIM, H, T_O = 3, 2, 4, 2
 SPEC = EnvSpec({"state": FeatureSpec("state", (OBS_DIM,), "float32")},
                ActionSpec("test", ACT_DIM, (-3.0,) * ACT_DIM, (3.0,) * ACT_DIM))
-NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
-                  control_hz=10.0)
-
 
 def normalizer(seed: int) -> Normalizer:
     rng = np.random.default_rng(seed)
@@ -117,7 +111,7 @@ def test_base_with_another_horizon_is_refused(residual):
         build_policy(cfg, SPEC, normalizer(1))
 
 
-def test_residual_bc_on_a_weak_base_beats_random(tmp_path):
+def test_residual_bc_on_a_weak_base_beats_random(tmp_path, nav2d_success):
     """A barely trained Gaussian base, then BC of the residual to the demos' offset from it."""
     from robotft.cli import main
 
@@ -132,9 +126,8 @@ def test_residual_bc_on_a_weak_base_beats_random(tmp_path):
                  "--out", str(run), "--train.batch_size", "128", "--train.lr", "1e-2",
                  "--train.eval_episodes", "0"]) == 0
     policy, _ = load_policy(run)
-    env = ChunkedEnv(make_env(NAV2D), policy.config.obs_steps, policy.config.act_steps)
-    bc = evaluate(lambda o: policy.predict_chunk(o), env, 200, seed=777).success_rate
-    base_sr = evaluate(lambda o: policy.base.predict_chunk(o), env, 200, seed=777).success_rate
-    rng = torch.Generator().manual_seed(0)
-    random = evaluate(lambda o: torch.rand(100, 8, 2, generator=rng) * 2 - 1, env, 200, seed=777).success_rate
+    steps = (policy.config.obs_steps, policy.config.act_steps, policy.config.horizon_steps)
+    bc = nav2d_success(lambda o: policy.predict_chunk(o), *steps)
+    base_sr = nav2d_success(lambda o: policy.base.predict_chunk(o), *steps)
+    random = nav2d_success(None, *steps)
     assert bc > max(random, base_sr) + 0.1, f"residual BC {bc:.2f} vs base {base_sr:.2f}, random {random:.2f}"
