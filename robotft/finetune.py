@@ -27,10 +27,14 @@ from robotft.policies.base import Policy, build_policy, policy_config_class
 from robotft.rl.algorithm import Algorithm
 from robotft.rl.critic import ValueCritic
 from robotft.rl.dppo import DPPO, DPPOConfig
+from robotft.rl.flow_sde import FlowSDE, FlowSDEConfig
+from robotft.rl.gaussian_ppo import GaussianPPO, GaussianPPOConfig
 from robotft.rl.ppo import PPO, PPOConfig
+from robotft.rl.reinflow import ReinFlow, ReinFlowConfig
+from robotft.rl.residual_ppo import ResidualPPO, ResidualPPOConfig
 from robotft.runlog import RunLogger, plot_curves, read_metrics
 
-ALGORITHMS = ("dppo",)
+ALGORITHMS = ("dppo", "ppo", "residual_ppo", "reinflow", "flow_sde")
 
 
 @dataclasses.dataclass
@@ -47,6 +51,10 @@ class FinetuneConfig:
     """Training env; defaults to the checkpoint's env."""
     rl: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     dppo: DPPOConfig = dataclasses.field(default_factory=DPPOConfig)
+    ppo: GaussianPPOConfig = dataclasses.field(default_factory=GaussianPPOConfig)
+    residual_ppo: ResidualPPOConfig = dataclasses.field(default_factory=ResidualPPOConfig)
+    reinflow: ReinFlowConfig = dataclasses.field(default_factory=ReinFlowConfig)
+    flow_sde: FlowSDEConfig = dataclasses.field(default_factory=FlowSDEConfig)
     eval_every: int = 5
     """Iterations between evaluations (also evaluated before the first and after the last)."""
     eval_episodes: int = 20
@@ -62,6 +70,14 @@ class FinetuneConfig:
 def make_algorithm(name: str, policy: Policy, cfg: FinetuneConfig) -> Algorithm:
     if name == "dppo":
         return DPPO(policy, cfg.dppo)  # type: ignore[arg-type]
+    if name == "ppo":
+        return GaussianPPO(policy, cfg.ppo)  # type: ignore[arg-type]
+    if name == "residual_ppo":
+        return ResidualPPO(policy, cfg.residual_ppo)  # type: ignore[arg-type]
+    if name == "reinflow":
+        return ReinFlow(policy, cfg.reinflow)  # type: ignore[arg-type]
+    if name == "flow_sde":
+        return FlowSDE(policy, cfg.flow_sde)  # type: ignore[arg-type]
     raise ValueError(f"unknown --algo {name!r}; available: {list(ALGORITHMS)}")
 
 
@@ -97,7 +113,7 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
     chunked_eval = ChunkedEnv(eval_env, policy.config.obs_steps, policy.config.act_steps)
     obs_dim = sum(int(np.prod(source.spec.observations[k].shape)) for k in policy.config.obs_keys)
     critic = ValueCritic(policy.config.obs_keys, obs_dim * policy.config.obs_steps, source.normalizer,
-                         hidden_dims=cfg.rl.critic_hidden).to(device)
+                         hidden_dims=cfg.rl.critic_hidden, extra_dim=algo.critic_extra_dim).to(device)
     ppo = PPO(algo, critic, chunked, cfg.rl, seed=cfg.seed)
     if resuming:
         ppo.load_state_dict(source.training_state()["ppo"])

@@ -36,6 +36,8 @@ class Algorithm(abc.ABC):
 
     name: str
     policy: Policy
+    critic_extra_dim: int = 0
+    """Width of `critic_extra`'s output; 0 when the critic sees the observation only."""
 
     @abc.abstractmethod
     def act(self, obs: Obs, deterministic: bool = False) -> ActOutput:
@@ -60,6 +62,11 @@ class Algorithm(abc.ABC):
     def clip_coefs(self, clip_eps: float) -> torch.Tensor:
         """`[K]` PPO clip ranges per transition."""
         return torch.full((self.num_scored(),), clip_eps)
+
+    def critic_extra(self, obs: Obs, sample: dict[str, torch.Tensor] | None) -> torch.Tensor | None:
+        """Extra critic input `[B, critic_extra_dim]` beside the observation (residual PPO: the base action);
+        `sample` is None for an observation nothing was sampled at yet (bootstrapping). None by default."""
+        return None
 
     def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """Additional actor loss terms (entropy bonus, BC regularizer); zero by default."""

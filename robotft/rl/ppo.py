@@ -4,7 +4,9 @@ Read top to bottom: `collect` rolls the policy out for `steps_per_iter` chunks i
 critic's value of the final observation into the reward on truncation; `update` computes GAE and runs
 clipped-objective epochs over minibatches with a clipped value loss, gradient clipping and a KL early
 stop. During the first `critic_warmup_iters` iterations only the critic trains. What is sampled and how it
-is scored comes from an `Algorithm` (robotft.rl.algorithm).
+is scored comes from an `Algorithm` (robotft.rl.algorithm); its `critic_extra(obs, sample)` (residual PPO:
+the base action) is fed to the critic as V(obs, extra). Two options change the objective:
+critic-free group-relative advantages (`group_advantages`) and the dual-clip surrogate (`dual_clip`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,17 @@ class PPOConfig:
     episodic return otherwise pays the policy to hover near the goal without ever succeeding."""
     critic_hidden: tuple[int, ...] = (256, 256, 256)
     """Critic MLP widths."""
+    group_advantages: bool = False
+    """Critic-free, group-relative advantages (GRPO, Shao et al. 2024, arXiv 2402.03300, §4.1.2, outcome
+    supervision) instead of GAE: every iteration resets all envs, and each chunk's advantage is its episode's
+    undiscounted return normalized over the episodes that ended in the rollout, (R - mean R) / (std R + 1e-8);
+    chunks of episodes still running when the rollout ends get advantage 0. The group is the rollout's batch
+    of episodes (fresh resets, so they share the start-state distribution). Make `steps_per_iter` at least
+    the episode length in chunks. The critic is not trained, `critic_warmup_iters` and `norm_adv` are
+    ignored, and truncation is not bootstrapped."""
+    dual_clip: float = 0.0
+    """Dual-clip PPO (Ye et al. 2020, arXiv 1912.09729): for A < 0 the clipped surrogate is bounded
+    by c · A, so a huge ratio on a bad action cannot blow up the loss. c > 1 (the paper uses 3); 0 disables."""
 
     def __post_init__(self) -> None:
         for name in ("iterations", "steps_per_iter", "update_epochs", "minibatch_size"):
@@ -73,6 +86,11 @@ class PPOConfig:
                 raise ValueError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(f"rl.gamma must be in (0, 1] and rl.gae_lambda in [0, 1]; got {self.gamma}, {self.gae_lambda}")
+        if self.dual_clip != 0 and self.dual_clip <= 1:
+            raise ValueError(f"rl.dual_clip must be 0 (off) or > 1, got {self.dual_clip}")
+        if self.group_advantages and (self.reward_scale or self.bootstrap_on_success):
+            raise ValueError("rl.group_advantages uses raw episode returns: turn off rl.reward_scale and "
+                             "rl.bootstrap_on_success")
 
 
 @dataclass
@@ -107,7 +125,7 @@ class PPO:
     def collect(self) -> tuple[RolloutBuffer, torch.Tensor, RolloutStats]:
         """Roll out `steps_per_iter` chunks per env. Returns the buffer, V(s_T) `[B]` and stats."""
         cfg, env = self.cfg, self.env
-        if self._obs is None:
+        if self._obs is None or cfg.group_advantages:
             self._obs = env.reset(seed=self.seed + 10_000 * self.iteration)
         buf = RolloutBuffer(cfg.steps_per_iter, env.num_envs, self.device)
         t0 = time.perf_counter()
@@ -117,7 +135,7 @@ class PPO:
         for _ in range(cfg.steps_per_iter):
             obs = self._obs
             out = self.algo.act(obs, deterministic=False)
-            value = self.critic(obs)
+            value = self._value(obs, out.sample)
             next_obs, reward, terminated, truncated, info = env.step(out.actions)
             done = terminated | truncated
             if cfg.reward_scale:
@@ -126,8 +144,8 @@ class PPO:
             bootstrap = truncated & ~terminated
             if cfg.bootstrap_on_success:
                 bootstrap = bootstrap | (terminated & info["success"])
-            if bootstrap.any():
-                final_value = self.critic(info["final_obs"])
+            if bootstrap.any() and not cfg.group_advantages:
+                final_value = self._value(info["final_obs"])
                 reward = reward + cfg.gamma * final_value * bootstrap.float()
             buf.add(obs, out.sample, out.logprob, value, reward, done)
             self._obs = next_obs
@@ -136,26 +154,35 @@ class PPO:
                 episodes += int(done.sum())
                 successes += int((info["success"] & done).sum())
                 returns += info["episode_return"][done].tolist()
-        next_value = self.critic(self._obs)
+        next_value = self._value(self._obs)
         self.env_steps += steps
         stats = RolloutStats(steps, episodes, successes, returns, time.perf_counter() - t0)
         return buf, next_value, stats
+
+    def _value(self, obs, sample: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """V(obs, algo.critic_extra(obs, sample)); `sample` is None when bootstrapping."""
+        return self.critic(obs, self.algo.critic_extra(obs, sample))
 
     # -- update -----------------------------------------------------------------------------------
 
     def update(self, buf: RolloutBuffer, next_value: torch.Tensor) -> dict[str, float]:
         """GAE, then clipped PPO epochs. Returns mean metrics over the gradient steps taken."""
         cfg, algo = self.cfg, self.algo
-        advantages, returns = compute_gae(
-            buf.rewards, buf.values, buf.dones, next_value, cfg.gamma, cfg.gae_lambda
-        )
+        if cfg.group_advantages:
+            advantages = group_relative_advantages(buf.rewards, buf.dones)
+            returns = torch.zeros_like(advantages)  # no critic to train
+        else:
+            advantages, returns = compute_gae(
+                buf.rewards, buf.values, buf.dones, next_value, cfg.gamma, cfg.gae_lambda
+            )
         flat = buf.flat()
         obs, samples = flat["obs"], flat["samples"]
         old_logp, old_values = flat["logprobs"], flat["values"]
         advantages, returns = advantages.reshape(-1), returns.reshape(-1)
         n = advantages.shape[0]
         mb = min(cfg.minibatch_size, n)
-        train_actor = self.iteration >= cfg.critic_warmup_iters
+        train_critic = not cfg.group_advantages
+        train_actor = self.iteration >= cfg.critic_warmup_iters or not train_critic
         weights = algo.advantage_weights().to(self.device)
         clip = algo.clip_coefs(cfg.clip_eps).to(self.device)
         metrics: dict[str, list[float]] = {}
@@ -166,11 +193,14 @@ class PPO:
             for start in range(0, n - mb + 1, mb):
                 idx = perm[start : start + mb]
                 mb_obs = {k: v[idx] for k, v in obs.items()}
-                v_loss = self._value_loss(mb_obs, returns[idx], old_values[idx])
-                loss = cfg.vf_coef * v_loss
-                step_metrics = {"value_loss": v_loss.item()}
+                mb_samples = {k: v[idx] for k, v in samples.items()}
+                loss = torch.zeros((), device=self.device)
+                step_metrics = {}
+                if train_critic:
+                    v_loss = self._value_loss(mb_obs, returns[idx], old_values[idx], mb_samples)
+                    loss = cfg.vf_coef * v_loss
+                    step_metrics["value_loss"] = v_loss.item()
                 if train_actor:
-                    mb_samples = {k: v[idx] for k, v in samples.items()}
                     pg_loss, kl, pg_metrics = self._policy_loss(
                         mb_obs, mb_samples, old_logp[idx], advantages[idx], weights, clip
                     )
@@ -196,14 +226,15 @@ class PPO:
                 break
         self.iteration += 1
         out = {k: float(np.mean(v)) for k, v in metrics.items()}
-        out["explained_variance"] = explained_variance(buf.values.reshape(-1), returns)
+        if train_critic:
+            out["explained_variance"] = explained_variance(buf.values.reshape(-1), returns)
         out["kl_early_stop"] = float(stop)
         out["actor_trained"] = float(train_actor)
         return out
 
-    def _value_loss(self, obs, returns: torch.Tensor, old_values: torch.Tensor) -> torch.Tensor:
+    def _value_loss(self, obs, returns: torch.Tensor, old_values: torch.Tensor, samples=None) -> torch.Tensor:
         """0.5 (V - R)², optionally clipped around the old value (PPO2's clipped value loss)."""
-        values = self.critic(obs)
+        values = self._value(obs, samples)
         unclipped = (values - returns) ** 2
         if self.cfg.clip_value <= 0:
             return 0.5 * unclipped.mean()
@@ -211,8 +242,9 @@ class PPO:
         return 0.5 * torch.max(unclipped, (clipped_v - returns) ** 2).mean()
 
     def _policy_loss(self, obs, samples, old_logp, adv, weights, clip):
-        """Clipped surrogate per scored transition: max(-A w_k r_k, -A w_k clip(r_k, 1±ε_k)), mean."""
-        if self.cfg.norm_adv and adv.numel() > 1:
+        """Clipped surrogate per scored transition: max(-A w_k r_k, -A w_k clip(r_k, 1±ε_k)), mean; with
+        `dual_clip` c, entries with A < 0 are capped at -c A w_k (Ye et al. 2020)."""
+        if self.cfg.norm_adv and not self.cfg.group_advantages and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         new_logp = self.algo.logprob(obs, samples)
         logratio = new_logp - old_logp
@@ -220,7 +252,10 @@ class PPO:
         adv_k = adv[:, None] * weights[None, :]
         pg1 = -adv_k * ratio
         pg2 = -adv_k * torch.clamp(ratio, 1 - clip[None, :], 1 + clip[None, :])
-        pg_loss = torch.max(pg1, pg2).mean()
+        pg = torch.max(pg1, pg2)
+        if self.cfg.dual_clip > 0:
+            pg = torch.where(adv_k < 0, torch.min(pg, -self.cfg.dual_clip * adv_k), pg)
+        pg_loss = pg.mean()
         with torch.no_grad():
             approx_kl = ((ratio - 1) - logratio).mean().item()
             clipfrac = ((ratio - 1).abs() > clip[None, :]).float().mean().item()
@@ -254,6 +289,32 @@ class PPO:
         self.env_steps = int(state["env_steps"])
         self.algo.load_state_dict(state["algo"])
         torch.set_rng_state(state["torch_rng"])
+
+
+def group_relative_advantages(rewards: torch.Tensor, dones: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """`[T, B]` GRPO outcome advantages (Shao et al. 2024, arXiv 2402.03300, §4.1.2) for a rollout that began
+    with a reset of every env: each chunk gets (R_e - mean R) / (std R + eps), R_e the undiscounted return of
+    its episode and the statistics over the episodes that ended in the rollout; chunks of unfinished episodes
+    get 0. `rewards`, `dones`: `[T, B]`."""
+    num_steps = rewards.shape[0]
+    to_go, finished = torch.zeros_like(rewards), torch.zeros_like(dones, dtype=torch.bool)
+    next_to_go, next_finished = torch.zeros_like(rewards[0]), torch.zeros_like(finished[0])
+    for t in reversed(range(num_steps)):  # reward-to-go within the episode, and whether the episode ends
+        done = dones[t].bool()
+        next_to_go = rewards[t] + torch.where(done, 0.0, next_to_go)
+        next_finished = done | next_finished
+        to_go[t], finished[t] = next_to_go, next_finished
+    episode_return, starts = torch.zeros_like(rewards), torch.ones_like(finished)
+    starts[1:] = dones[:-1].bool()
+    current = to_go[0]
+    for t in range(num_steps):  # the return-to-go at an episode's first chunk is its return
+        current = torch.where(starts[t], to_go[t], current)
+        episode_return[t] = current
+    group = episode_return[starts & finished]
+    if group.numel() == 0:
+        return torch.zeros_like(rewards)
+    std = group.std() if group.numel() > 1 else torch.ones((), device=rewards.device)
+    return torch.where(finished, (episode_return - group.mean()) / (std + eps), 0.0)
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:

@@ -1,0 +1,97 @@
+"""Flow-SDE (π_RL, arXiv 2510.25889; the ODE-to-SDE step of Flow-GRPO, Liu et al. 2025, arXiv 2505.05470):
+PPO on a flow policy whose ODE is turned into an SDE with the same marginals.
+
+Times: the flow's τ (τ = 0 noise, τ = 1 data; robotft.policies.flow) and the papers' t = 1 - τ (t = 1 noise).
+With σ_t = a · sqrt(t / (1 - t)) the Euler–Maruyama step from x at τ_k = k / K over Δτ = 1 / K is
+
+    x_{k+1} ~ N(x + [v_θ - σ_t² / (2t) · (x - τ_k v_θ)] Δτ,  σ_t² Δτ),
+
+the ODE velocity plus the score correction σ²/2 · ∇log p_τ(x) with ∇log p_τ(x) = -(x - τ v_θ) / (1 - τ) for the
+linear path x_τ = τ a + (1 - τ) ε. At the first step (t = 1) σ_t is infinite, so there σ uses the next grid
+time t = 1 - Δτ, as Flow-GRPO's implementation does.
+
+Two-layer MDP (π_RL): in every rollout chunk one integration step j, drawn uniformly per sample, is this
+stochastic transition and the other steps are the deterministic Euler ODE. The sample stores j, x_j and x_{j+1};
+the one scored transition of the PPO core (`num_scored() = 1`) is the exact Gaussian log-density of x_{j+1}
+over all `H × A` entries. The whole flow policy trains; evaluation runs the ODE (no noise).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from robotft.envs.base import Obs
+from robotft.policies.denoising_chain import gaussian_logprob_elementwise
+from robotft.policies.flow import FlowPolicy, euler_times
+from robotft.rl.algorithm import ActOutput, Algorithm
+
+
+@dataclass
+class FlowSDEConfig:
+    """Flow-SDE settings (the PPO core's are under `rl.`)."""
+
+    noise_level: float = 0.5
+    """a in σ_t = a · sqrt(t / (1 - t)): the SDE's noise scale (larger explores more)."""
+
+    def __post_init__(self) -> None:
+        if self.noise_level <= 0:
+            raise ValueError(f"flow_sde.noise_level must be > 0, got {self.noise_level}")
+
+
+class FlowSDE(Algorithm):
+    name = "flow_sde"
+
+    def __init__(self, policy: FlowPolicy, cfg: FlowSDEConfig) -> None:
+        if not isinstance(policy, FlowPolicy):
+            raise TypeError(f"flow_sde fine-tunes flow_transformer policies; got {type(policy).__name__}")
+        if policy.config.num_steps < 2:
+            raise ValueError("flow_sde needs policy.num_steps >= 2 (σ_t of the first step uses the second's time)")
+        self.policy, self.cfg = policy, cfg
+
+    def sigma(self, step: torch.Tensor) -> torch.Tensor:
+        """σ_t at Euler step indices `step` `[B]`: a · sqrt(t / (1 - t)), t = 1 - τ_k, t = 1 replaced by 1 - Δτ."""
+        k = self.policy.config.num_steps
+        t = 1 - step.clamp(min=1).float() / k
+        return self.cfg.noise_level * torch.sqrt(t / (1 - t))
+
+    def sde_mean(self, x: torch.Tensor, v: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        """x + [v - σ_t² / (2t) (x - τ v)] Δτ `[B, H, A]` for latents x, velocities v and step indices `[B]`."""
+        k = self.policy.config.num_steps
+        tau = (step.float() / k)[:, None, None]
+        sigma = self.sigma(step)[:, None, None]
+        return x + (v - sigma**2 / (2 * (1 - tau)) * (x - tau * v)) / k
+
+    @torch.no_grad()
+    def act(self, obs: Obs, deterministic: bool = False) -> ActOutput:
+        policy, k = self.policy, self.policy.config.num_steps
+        prefix = policy.encode_prefix(obs)
+        batch = prefix.shape[0]
+        x = policy.initial_noise(batch, prefix.device)
+        step = torch.randint(k, (batch,), device=prefix.device)
+        x_step = x_next = x
+        for i, tau in enumerate(euler_times(k, x.device)):
+            v = policy.velocity(prefix, x, tau)
+            nxt = x + v / k
+            chosen = (step == i)[:, None, None]
+            if not deterministic:
+                noise = torch.randn_like(x) * (self.sigma(step) / math.sqrt(k))[:, None, None]
+                nxt = torch.where(chosen, self.sde_mean(x, v, step) + noise, nxt)
+            x_step, x_next = torch.where(chosen, x, x_step), torch.where(chosen, nxt, x_next)
+            x = nxt
+        sample = {"x": x_step, "x_next": x_next, "step": step}
+        return ActOutput(actions=policy.to_actions(x), sample=sample, logprob=self.logprob(obs, sample))
+
+    def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`[N, 1]`: log N(x_{j+1}; SDE mean at x_j, σ_t² Δτ) summed over all `H × A` entries."""
+        step, k = sample["step"], self.policy.config.num_steps
+        v = self.policy.velocity(self.policy.encode_prefix(obs), sample["x"], step.float() / k)
+        std = (self.sigma(step) / math.sqrt(k))[:, None, None]
+        lp = gaussian_logprob_elementwise(sample["x_next"], self.sde_mean(sample["x"], v, step), std)
+        return lp.sum(dim=(1, 2))[:, None]
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.policy.parameters() if p.requires_grad]

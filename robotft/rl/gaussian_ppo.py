@@ -1,0 +1,69 @@
+"""PPO on a Gaussian MLP policy (Schulman et al. 2017, arXiv 1707.06347; CleanRL's `ppo_continuous_action`).
+
+One action is one chunk a ~ N(μ_θ(o), diag(σ²)); it is scored as K = 1 transition whose log-density is the
+exact diagonal-Gaussian one summed over the executed `act_steps × act_dim` entries (the rest of the chunk
+never reaches the env, so it would only add noise to the ratio). The actor loss adds an entropy bonus
+-c_H · H[π(· | o)] over the same entries. The whole policy (mean MLP and log σ) trains.
+
+From scratch: `robotft finetune` starts from a checkpoint, and `robotft pretrain --policy gaussian_mlp
+--steps 1 --train.lr 0` writes one with freshly initialised weights (the first step of the LR warm-up has a
+zero learning rate anyway); the demonstrations are then only used for the normalizer's statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from robotft.envs.base import Obs
+from robotft.policies.gaussian import GaussianPolicy
+from robotft.rl.algorithm import ActOutput, Algorithm
+
+
+@dataclass
+class GaussianPPOConfig:
+    """Gaussian-PPO settings (the PPO core's are under `rl.`; CleanRL uses rl.clip_eps 0.2)."""
+
+    ent_coef: float = 0.0
+    """Weight c_H of the entropy bonus (per executed chunk); 0 disables it."""
+
+    def __post_init__(self) -> None:
+        if self.ent_coef < 0:
+            raise ValueError(f"ppo.ent_coef must be >= 0, got {self.ent_coef}")
+
+
+class GaussianPPO(Algorithm):
+    name = "ppo"
+
+    def __init__(self, policy: GaussianPolicy, cfg: GaussianPPOConfig) -> None:
+        if not isinstance(policy, GaussianPolicy):
+            raise TypeError(f"ppo fine-tunes gaussian_mlp policies; got {type(policy).__name__}")
+        self.policy, self.cfg = policy, cfg
+
+    def act(self, obs: Obs, deterministic: bool = False) -> ActOutput:
+        if deterministic:
+            with torch.no_grad():
+                mean = self.policy.mean(obs)
+            actions, sample = self.policy.to_actions(mean), {"action": mean}
+        else:
+            actions, chunk, _ = self.policy.sample_with_logprob(obs)
+            sample = {"action": chunk}
+        with torch.no_grad():
+            logprob = self.logprob(obs, sample)
+        return ActOutput(actions=actions, sample=sample, logprob=logprob)
+
+    def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`[N, 1]`: log N(a; μ_θ(o), σ²) summed over the executed `act_steps × act_dim` entries."""
+        lp = self.policy.elementwise_logprob(obs, sample["action"])
+        return lp[:, : self.policy.config.act_steps].sum(dim=(1, 2))[:, None]
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """-c_H · entropy of the executed entries: `act_steps / H` of the chunk's (σ is shared by the H steps)."""
+        cfg = self.policy.config
+        entropy = self.policy.entropy(obs).mean() * cfg.act_steps / cfg.horizon_steps
+        return -self.cfg.ent_coef * entropy, {"entropy": entropy.item()}

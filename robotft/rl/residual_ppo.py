@@ -1,0 +1,76 @@
+"""Residual PPO (ResiP, Ankile et al. 2024, arXiv 2407.16677): PPO on a Gaussian residual over a frozen base.
+
+One action is one chunk a = clip(a^base + s ⊙ r), r ~ N(r_θ(o, a^base), diag(σ²)) (robotft.policies.residual).
+The sample stores the base chunk and the residual, so the residual is re-scored against the base chunk it
+was sampled for (the base may itself be stochastic). It is scored as K = 1 transition: the exact Gaussian
+log-density of r over the executed `act_steps × act_dim` entries. As in ResiP the critic sees the
+observation and the base action, V(o, a^base); for a bootstrap observation without a stored sample the
+base is run again. The actor loss adds an entropy bonus. Only r_θ and σ train; the base gets no gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from robotft.envs.base import Obs
+from robotft.policies.residual import ResidualPolicy
+from robotft.rl.algorithm import ActOutput, Algorithm
+
+
+@dataclass
+class ResidualPPOConfig:
+    """Residual-PPO settings (the PPO core's are under `rl.`)."""
+
+    ent_coef: float = 0.0
+    """Weight c_H of the entropy bonus on the residual's Gaussian (per executed chunk); 0 disables it."""
+
+    def __post_init__(self) -> None:
+        if self.ent_coef < 0:
+            raise ValueError(f"residual_ppo.ent_coef must be >= 0, got {self.ent_coef}")
+
+
+class ResidualPPO(Algorithm):
+    name = "residual_ppo"
+
+    def __init__(self, policy: ResidualPolicy, cfg: ResidualPPOConfig) -> None:
+        if not isinstance(policy, ResidualPolicy):
+            raise TypeError(f"residual_ppo fine-tunes residual policies; got {type(policy).__name__}")
+        self.policy, self.cfg = policy, cfg
+        self.critic_extra_dim = policy.config.horizon_steps * policy.act_dim
+        """Size of the critic's extra input: the flattened, normalized base chunk."""
+
+    def act(self, obs: Obs, deterministic: bool = False) -> ActOutput:
+        if deterministic:
+            with torch.no_grad():
+                base_action = self.policy.base_chunk(obs)
+                residual = self.policy.residual_mean(obs, base_action)
+            actions = self.policy.to_actions(base_action, residual)
+            sample = {"base_action": base_action, "residual": residual}
+        else:
+            actions, sample, _ = self.policy.sample_with_logprob(obs)
+        with torch.no_grad():
+            logprob = self.logprob(obs, sample)
+        return ActOutput(actions=actions, sample=sample, logprob=logprob)
+
+    def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`[N, 1]`: log N(r; r_θ(o, a^base), σ²) summed over the executed `act_steps × act_dim` entries."""
+        lp = self.policy.elementwise_logprob(obs, sample)
+        return lp[:, : self.policy.config.act_steps].sum(dim=(1, 2))[:, None]
+
+    def critic_extra(self, obs: Obs, sample: dict[str, torch.Tensor] | None) -> torch.Tensor:
+        """`[N, H * A]` the normalized base chunk the critic conditions on: the stored one, or for an
+        observation without a sample (bootstrapping) a fresh base chunk."""
+        base_action = sample["base_action"] if sample is not None else self.policy.base_chunk(obs)
+        return self.policy.normalizer.normalize("action", base_action).flatten(1)
+
+    def actor_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """-c_H · entropy of the executed residual entries: `act_steps / H` of the chunk's (σ is shared)."""
+        cfg = self.policy.config
+        entropy = self.policy.entropy(obs).mean() * cfg.act_steps / cfg.horizon_steps
+        return -self.cfg.ent_coef * entropy, {"entropy": entropy.item()}

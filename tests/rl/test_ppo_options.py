@@ -1,0 +1,128 @@
+"""PPO core options: group-relative (critic-free) advantages and the dual-clip surrogate."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from robotft.config import EnvConfig
+from robotft.datasets.normalizer import Normalizer
+from robotft.envs.chunked import ChunkedEnv
+from robotft.envs.factory import make_env
+from robotft.policies.gaussian import GaussianPolicy, GaussianPolicyConfig
+from robotft.rl.critic import ValueCritic
+from robotft.rl.gaussian_ppo import GaussianPPO, GaussianPPOConfig
+from robotft.rl.ppo import PPO, PPOConfig, group_relative_advantages
+
+
+def _ppo(**ppo_kwargs) -> PPO:
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    env = make_env(EnvConfig(backend="toy", task="nav2d", num_envs=8, max_episode_steps=8, control_mode="velocity_2d",
+                             reward_mode="dense"))
+    norm = Normalizer.fit({"state": rng.uniform(-1, 1, (100, 4)), "action": rng.uniform(-1, 1, (100, 2))},
+                          {"state": "minmax", "action": "minmax"})
+    policy = GaussianPolicy(GaussianPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(16,)), env.spec, norm)
+    critic = ValueCritic(["state"], 4, norm, hidden_dims=(16,))
+    cfg = PPOConfig(steps_per_iter=6, minibatch_size=16, **ppo_kwargs)
+    return PPO(GaussianPPO(policy, GaussianPPOConfig()), critic, ChunkedEnv(env, 1, 2), cfg)
+
+
+def test_group_relative_advantages_by_hand():
+    # env 0: episodes [1, 2] (R=3) and [4] (R=4), then [5] unfinished; env 1: [0, 0, 2] (R=2), then [1] unfinished.
+    rewards = torch.tensor([[1.0, 0.0], [2.0, 0.0], [4.0, 2.0], [5.0, 1.0]])
+    dones = torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
+    returns = torch.tensor([3.0, 4.0, 2.0])
+    z = (returns - returns.mean()) / (returns.std() + 1e-8)
+    expected = torch.tensor([[z[0], z[2]], [z[0], z[2]], [z[1], z[2]], [0.0, 0.0]])
+    assert torch.allclose(group_relative_advantages(rewards, dones), expected)
+    assert torch.equal(group_relative_advantages(rewards, torch.zeros_like(dones)), torch.zeros_like(rewards))
+
+
+def test_group_advantages_train_the_actor_without_the_critic():
+    ppo = _ppo(group_advantages=True, critic_warmup_iters=3, update_epochs=2, actor_lr=1e-2)
+    actor_before = copy.deepcopy(ppo.algo.policy.state_dict())
+    critic_before = copy.deepcopy(ppo.critic.state_dict())
+    buf, next_value, stats = ppo.collect()  # 6 chunks of 2 steps, episodes of 8 steps: 8 finished episodes
+    assert stats.episodes == 8
+    metrics = ppo.update(buf, next_value)
+    assert metrics["actor_trained"] == 1.0 and "value_loss" not in metrics
+    assert all(torch.equal(v, ppo.critic.state_dict()[k]) for k, v in critic_before.items())
+    assert any(not torch.equal(v, ppo.algo.policy.state_dict()[k]) for k, v in actor_before.items())
+    first_obs = buf.obs["state"][0].clone()
+    buf, _, _ = ppo.collect()  # every iteration starts from fresh resets
+    assert not torch.equal(buf.obs["state"][0], first_obs)
+    assert torch.equal(buf.obs["state"][0], ppo.env.reset(seed=ppo.seed + 10_000 * ppo.iteration)["state"])
+
+
+def test_group_advantages_reject_scaled_or_bootstrapped_rewards():
+    with pytest.raises(ValueError, match="group_advantages"):
+        PPOConfig(group_advantages=True, reward_scale=True)
+
+
+class _Fixed:
+    """An algorithm stand-in whose log-probability is a parameter, to set the ratio directly."""
+
+    def __init__(self, logp: torch.Tensor):
+        self.logp = logp
+
+    def logprob(self, obs, sample):
+        return self.logp
+
+
+@pytest.mark.parametrize("dual_clip", [0.0, 3.0])
+def test_dual_clip_bounds_the_loss_of_negative_advantages(dual_clip):
+    ppo = _ppo(dual_clip=dual_clip, clip_eps=0.2, norm_adv=False)
+    ratio = torch.tensor([[10.0], [10.0], [0.5], [1.1]])
+    adv = torch.tensor([-1.0, 2.0, -1.0, -1.0])
+    new_logp = ratio.log().requires_grad_(True)
+    ppo.algo = _Fixed(new_logp)
+    loss, _, _ = ppo._policy_loss({}, {}, torch.zeros(4, 1), adv, torch.ones(1), torch.tensor([0.2]))
+    # Standard clipped terms max(-A r, -A clip(r, 0.8, 1.2)): 10, -2.4, 0.8, 1.1.
+    expected = torch.tensor([10.0, -2.4, 0.8, 1.1])
+    if dual_clip:
+        expected[0] = 3.0  # A < 0: capped at -c A
+    assert loss.item() == pytest.approx(expected.mean().item(), rel=1e-5)
+    loss.backward()
+    assert (new_logp.grad[0, 0] == 0) == bool(dual_clip), "the capped entry must pass no gradient"
+
+
+def test_dual_clip_must_exceed_one():
+    with pytest.raises(ValueError, match="dual_clip"):
+        PPOConfig(dual_clip=0.5)
+
+
+def test_group_advantages_raise_success_on_toy(tmp_path):
+    """Critic-free: Gaussian PPO with group-relative advantages must beat a weak Gaussian BC on the toy task."""
+    import dataclasses
+
+    from robotft.checkpoint import load_policy
+    from robotft.cli import main
+    from robotft.evaluation import evaluate
+    from robotft.finetune import FinetuneConfig, run_finetune
+
+    demos, bc, ft = tmp_path / "demos.zarr", tmp_path / "bc", tmp_path / "grpo"
+    assert main(["data", "generate", "--env", "toy/nav2d", "--episodes", "100", "--out", str(demos)]) == 0
+    assert main(["pretrain", "--env", "toy/nav2d", "--policy", "gaussian_mlp", "--data", str(demos),
+                 "--steps", "600", "--out", str(bc), "--policy.hidden_dims", "64,64",
+                 "--train.lr", "3e-3", "--train.batch_size", "128", "--train.eval_episodes", "0"]) == 0
+    env_cfg = EnvConfig(backend="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
+                        reward_mode="dense", control_hz=10.0)
+
+    def success(run_dir) -> float:
+        policy, _ = load_policy(run_dir)
+        env = ChunkedEnv(make_env(env_cfg), policy.config.obs_steps, policy.config.act_steps)
+        return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), env, 400, seed=777).success_rate
+
+    before = success(bc)
+    cfg = FinetuneConfig(  # 10 chunks per env = one whole 40-step episode per iteration
+        source=str(bc), out=str(ft), algo="ppo", env=dataclasses.replace(env_cfg, num_envs=50),
+        rl=PPOConfig(iterations=20, steps_per_iter=10, minibatch_size=100, update_epochs=10, actor_lr=3e-4,
+                     clip_eps=0.2, group_advantages=True),
+        eval_episodes=0, save_every=20, seed=0,
+    )
+    run_finetune(cfg)
+    after = success(ft)
+    assert before > 0.1, f"BC should beat a policy that never reaches the goal, got {before:.2f}"
+    assert after > before + 0.15, f"group-relative PPO should improve on BC: {before:.2f} -> {after:.2f}"
