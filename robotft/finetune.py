@@ -60,7 +60,8 @@ class FinetuneConfig:
     eval_episodes: int = 20
     """Episodes per evaluation; 0 disables evaluation."""
     eval_num_envs: int = 0
-    """Parallel evaluation envs; 0 uses the training env count."""
+    """Parallel evaluation envs; 0 evaluates on the training envs themselves (each ManiSkill CPU worker holds
+    ~0.5 GB, so separate evaluation workers would double the memory), which then start fresh episodes."""
     save_every: int = 5
     """Iterations between checkpoints (the last is always saved)."""
     seed: int = 0
@@ -107,9 +108,10 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
     algo = make_algorithm(cfg.algo, policy, cfg)
 
     env = make_env(env_cfg, device=device)
-    eval_n = cfg.eval_num_envs or env_cfg.num_envs
-    eval_env = make_env(dataclasses.replace(env_cfg, num_envs=eval_n), device=device)
     chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
+    eval_env = env
+    if cfg.eval_num_envs:
+        eval_env = make_env(dataclasses.replace(env_cfg, num_envs=cfg.eval_num_envs), device=device)
     chunked_eval = ChunkedEnv(eval_env, policy.config.obs_steps, policy.config.act_steps)
     obs_dim = sum(int(np.prod(source.spec.observations[k].shape)) for k in policy.config.obs_keys)
     critic = ValueCritic(policy.config.obs_keys, obs_dim * policy.config.obs_steps, source.normalizer,
@@ -127,8 +129,11 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
 
     def run_eval() -> EvalResult:
         policy.eval()
-        return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked_eval,
-                        cfg.eval_episodes, seed=cfg.seed + 1_000_000)
+        result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked_eval,
+                          cfg.eval_episodes, seed=cfg.seed + 1_000_000)
+        if eval_env is env:
+            ppo.restart_episodes()  # evaluation left the shared envs mid-episode
+        return result
 
     def save(metrics: dict[str, Any]) -> None:
         ckpt_io.save_run_checkpoint(
@@ -174,7 +179,8 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
             bar.close()
     finally:
         env.close()
-        eval_env.close()
+        if eval_env is not env:
+            eval_env.close()
     write_learning_curve(out)
     return out
 

@@ -117,7 +117,6 @@ class PPO:
         self.env_steps = 0
         self.seed = seed
         self._obs = None
-        self._episode_seed = seed
 
     # -- rollout ----------------------------------------------------------------------------------
 
@@ -162,6 +161,10 @@ class PPO:
     def _value(self, obs, sample: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """V(obs, algo.critic_extra(obs, sample)); `sample` is None when bootstrapping."""
         return self.critic(obs, self.algo.critic_extra(obs, sample))
+
+    def restart_episodes(self) -> None:
+        """Start fresh episodes at the next `collect` (after something else stepped the envs)."""
+        self._obs = None
 
     # -- update -----------------------------------------------------------------------------------
 
