@@ -3,7 +3,8 @@
 Runs demo generation → diffusion BC → eval → DPPO → eval through the real CLI and prints, and writes to
 `<out>/bench.json` and `<out>/bench.png`:
   demo generation seconds (per demo), BC samples/s, fine-tuning env steps/s and update seconds per
-  iteration, success rate vs env steps (before/during/after DPPO), wall time and peak memory per stage.
+  iteration, success rate vs env steps (before/during/after DPPO), wall time and peak memory per stage
+  (proportional set size of the stage's whole process tree, simulator workers included).
 
     python scripts/bench_pipeline.py --out runs/bench --demos 100 --bc-steps 3000 --iterations 40
     python scripts/bench_pipeline.py --device cuda --num-envs 256 --sim-backend physx_cuda ...  (GPU)
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,18 +26,51 @@ sys.path.insert(0, str(REPO))
 from robotft.runlog import plot_curves, read_metrics  # noqa: E402
 
 
+def _descendants(pid: int) -> list[int]:
+    """`pid` and all its descendants (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _tree_pss_mb(pid: int) -> float:
+    """Proportional set size of a process tree: shared pages (torch, simulator libraries) counted once."""
+    total_kb = 0
+    for p in _descendants(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total_kb += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            pass
+    return total_kb / 1024
+
+
 def run_stage(name: str, argv: list[str], stages: dict) -> str:
-    """Run one CLI stage; record wall seconds and the peak RSS of the largest process so far."""
+    """Run one CLI stage; record wall seconds and the peak memory (PSS of its process tree, sampled)."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "robotft.cli", *argv], capture_output=True, text=True, cwd=REPO)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "robotft.cli", *argv], stdout=out, stderr=err, text=True,
+                                cwd=REPO)
+        peak_mb = 0.0
+        while proc.poll() is None:
+            peak_mb = max(peak_mb, _tree_pss_mb(proc.pid))
+            time.sleep(1.0)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-5000:])
+        sys.stderr.write(stderr[-5000:])
         raise SystemExit(f"stage {name} failed with exit code {proc.returncode}")
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    stages[name] = {"seconds": round(seconds, 1), "peak_rss_mb_so_far": round(peak_mb)}
-    print(f"[{name}] {seconds:.1f} s, peak RSS so far {peak_mb:.0f} MB", flush=True)
-    return proc.stdout
+    stages[name] = {"seconds": round(seconds, 1), "peak_pss_mb": round(peak_mb)}
+    print(f"[{name}] {seconds:.1f} s, peak memory {peak_mb:.0f} MB (PSS of the process tree)", flush=True)
+    return stdout
 
 
 def main() -> None:
@@ -94,7 +128,7 @@ def main() -> None:
         "success_vs_env_steps": [{"env_steps": s, "success_rate": y, "ci95": [lo, hi]} for s, y, lo, hi in curve],
         "stages": stages,
         "total_seconds": round(time.perf_counter() - t_start, 1),
-        "peak_rss_mb": max(s["peak_rss_mb_so_far"] for s in stages.values()),
+        "peak_pss_mb": max(s["peak_pss_mb"] for s in stages.values()),
     }
     (out / "bench.json").write_text(json.dumps(result, indent=2))
     if curve:

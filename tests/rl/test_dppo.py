@@ -1,6 +1,5 @@
 """DPPO: the likelihood used in the loss, which parameters train, and that fine-tuning learns."""
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -8,9 +7,6 @@ import torch
 
 from robotft.config import EnvConfig
 from robotft.datasets.normalizer import Normalizer
-from robotft.envs.chunked import ChunkedEnv
-from robotft.envs.factory import make_env
-from robotft.evaluation import evaluate
 from robotft.policies.diffusion import (
     DiffusionPolicy,
     DiffusionPolicyConfig,
@@ -86,37 +82,18 @@ def test_denoising_discount_and_clip_schedule():
     assert bool((clip[1:] > clip[:-1]).all())
 
 
-def test_pretrain_then_dppo_raises_success_on_toy(tmp_path):
-    """The whole pipeline at toy scale: scripted bimodal demos → diffusion BC (deliberately short, so weak)
-    → DPPO. BC must beat doing nothing useful, and DPPO must beat BC beyond the evaluation noise."""
-    from robotft.checkpoint import load_policy
-    from robotft.cli import main
-    from robotft.finetune import FinetuneConfig, run_finetune
+def test_pretrain_then_dppo_raises_success_on_toy(tmp_path, toy_pretrain, toy_success, toy_finetune):
+    """Bimodal demos → diffusion BC (deliberately short, so weak) → DPPO must beat BC beyond evaluation noise."""
     from robotft.rl.ppo import PPOConfig
 
-    demos, bc, ft = tmp_path / "demos.zarr", tmp_path / "bc", tmp_path / "dppo"
-    assert main(["data", "generate", "--env", "toy/nav2d", "--episodes", "100", "--out", str(demos)]) == 0
-    assert main(["pretrain", "--env", "toy/nav2d", "--policy", "diffusion_mlp", "--data", str(demos),
-                 "--steps", "1000", "--out", str(bc), "--policy.hidden_dims", "128,128,128",
-                 "--train.lr", "3e-3", "--train.batch_size", "128", "--train.eval_episodes", "0"]) == 0
-
-    env_cfg = EnvConfig(backend="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
-                        reward_mode="dense", control_hz=10.0)
-
-    def success(run_dir) -> float:
-        policy, _ = load_policy(run_dir)
-        env = ChunkedEnv(make_env(env_cfg), policy.config.obs_steps, policy.config.act_steps)
-        return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), env, 400, seed=777).success_rate
-
-    before = success(bc)
-    cfg = FinetuneConfig(
-        source=str(bc), out=str(ft), algo="dppo", env=dataclasses.replace(env_cfg, num_envs=50),
-        rl=PPOConfig(iterations=20, steps_per_iter=10, minibatch_size=100, update_epochs=10, actor_lr=3e-4,
-                     clip_eps=0.05),
-        dppo=DPPOConfig(clip_eps_base=0.01), eval_episodes=0, save_every=10, seed=0,
-    )
-    run_finetune(cfg)
-    after = success(ft)
+    bc = toy_pretrain(tmp_path / "bc", "diffusion_mlp", 1000, "--policy.hidden_dims", "128,128,128",
+                      "--train.lr", "3e-3", "--train.batch_size", "128")
+    before = toy_success(bc)
+    ft = toy_finetune(bc, tmp_path / "dppo", "dppo",
+                      PPOConfig(iterations=20, steps_per_iter=10, minibatch_size=100, update_epochs=10,
+                                actor_lr=3e-4, clip_eps=0.05),
+                      dppo=DPPOConfig(clip_eps_base=0.01))
+    after = toy_success(ft)
     assert before > 0.08, f"BC should beat a policy that never reaches the goal, got {before:.2f}"
     assert after > before + 0.12, f"DPPO should improve on BC: {before:.2f} -> {after:.2f}"
 

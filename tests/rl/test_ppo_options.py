@@ -93,36 +93,12 @@ def test_dual_clip_must_exceed_one():
         PPOConfig(dual_clip=0.5)
 
 
-def test_group_advantages_raise_success_on_toy(tmp_path):
+def test_group_advantages_raise_success_on_toy(tmp_path, weak_gaussian_bc, toy_success, toy_finetune):
     """Critic-free: Gaussian PPO with group-relative advantages must beat a weak Gaussian BC on the toy task."""
-    import dataclasses
-
-    from robotft.checkpoint import load_policy
-    from robotft.cli import main
-    from robotft.evaluation import evaluate
-    from robotft.finetune import FinetuneConfig, run_finetune
-
-    demos, bc, ft = tmp_path / "demos.zarr", tmp_path / "bc", tmp_path / "grpo"
-    assert main(["data", "generate", "--env", "toy/nav2d", "--episodes", "100", "--out", str(demos)]) == 0
-    assert main(["pretrain", "--env", "toy/nav2d", "--policy", "gaussian_mlp", "--data", str(demos),
-                 "--steps", "600", "--out", str(bc), "--policy.hidden_dims", "64,64",
-                 "--train.lr", "3e-3", "--train.batch_size", "128", "--train.eval_episodes", "0"]) == 0
-    env_cfg = EnvConfig(backend="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
-                        reward_mode="dense", control_hz=10.0)
-
-    def success(run_dir) -> float:
-        policy, _ = load_policy(run_dir)
-        env = ChunkedEnv(make_env(env_cfg), policy.config.obs_steps, policy.config.act_steps)
-        return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), env, 400, seed=777).success_rate
-
-    before = success(bc)
-    cfg = FinetuneConfig(  # 10 chunks per env = one whole 40-step episode per iteration
-        source=str(bc), out=str(ft), algo="ppo", env=dataclasses.replace(env_cfg, num_envs=50),
-        rl=PPOConfig(iterations=20, steps_per_iter=10, minibatch_size=100, update_epochs=10, actor_lr=3e-4,
-                     clip_eps=0.2, group_advantages=True),
-        eval_episodes=0, save_every=20, seed=0,
-    )
-    run_finetune(cfg)
-    after = success(ft)
+    before = toy_success(weak_gaussian_bc)
+    ft = toy_finetune(weak_gaussian_bc, tmp_path / "grpo", "ppo",  # 10 chunks per env = one 40-step episode
+                      PPOConfig(iterations=20, steps_per_iter=10, minibatch_size=100, update_epochs=10,
+                                actor_lr=3e-4, clip_eps=0.2, group_advantages=True))
+    after = toy_success(ft)
     assert before > 0.1, f"BC should beat a policy that never reaches the goal, got {before:.2f}"
     assert after > before + 0.15, f"group-relative PPO should improve on BC: {before:.2f} -> {after:.2f}"

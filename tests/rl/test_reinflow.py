@@ -91,43 +91,18 @@ def test_gradients_reach_flow_and_noise_net_and_state_round_trips():
 
 
 @pytest.mark.slow
-def test_pretrain_then_reinflow_raises_success_on_toy(tmp_path):
-    """Scripted demos → a deliberately short flow BC (weak) → ReinFlow must beat BC beyond evaluation noise.
+def test_pretrain_then_reinflow_raises_success_on_toy(tmp_path, toy_pretrain, toy_success, toy_finetune):
+    """A deliberately short flow BC (weak) → ReinFlow must beat BC beyond evaluation noise.
     Slow (about 25 s on one CPU thread): every update re-scores whole chains, K velocity calls per sample."""
-    import dataclasses
-
-    from robotft.checkpoint import load_policy
-    from robotft.cli import main
-    from robotft.config import EnvConfig
-    from robotft.envs.chunked import ChunkedEnv
-    from robotft.envs.factory import make_env
-    from robotft.evaluation import evaluate
-    from robotft.finetune import FinetuneConfig, run_finetune
     from robotft.rl.ppo import PPOConfig
 
-    demos, bc, ft = tmp_path / "demos.zarr", tmp_path / "bc", tmp_path / "reinflow"
-    assert main(["data", "generate", "--env", "toy/nav2d", "--episodes", "100", "--out", str(demos)]) == 0
-    assert main(["pretrain", "--env", "toy/nav2d", "--policy", "flow_transformer", "--data", str(demos),
-                 "--steps", "200", "--out", str(bc), "--policy.width", "64", "--policy.num_layers", "1",
-                 "--policy.num_steps", "4", "--policy.state_hidden_dims", "64", "--train.lr", "3e-3",
-                 "--train.batch_size", "128", "--train.eval_episodes", "0"]) == 0
-
-    env_cfg = EnvConfig(backend="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
-                        reward_mode="dense", control_hz=10.0)
-
-    def success(run_dir) -> float:
-        policy, _ = load_policy(run_dir)
-        env = ChunkedEnv(make_env(env_cfg), policy.config.obs_steps, policy.config.act_steps)
-        return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), env, 400, seed=777).success_rate
-
-    before = success(bc)
-    cfg = FinetuneConfig(
-        source=str(bc), out=str(ft), algo="reinflow", env=dataclasses.replace(env_cfg, num_envs=50),
-        rl=PPOConfig(iterations=15, steps_per_iter=10, minibatch_size=250, update_epochs=5, actor_lr=1e-4,
-                     clip_eps=0.2),
-        eval_episodes=0, save_every=15, seed=0,
-    )
-    run_finetune(cfg)
-    after = success(ft)
+    bc = toy_pretrain(tmp_path / "bc", "flow_transformer", 200, "--policy.width", "64", "--policy.num_layers", "1",
+                      "--policy.num_steps", "4", "--policy.state_hidden_dims", "64", "--train.lr", "3e-3",
+                      "--train.batch_size", "128")
+    before = toy_success(bc)
+    ft = toy_finetune(bc, tmp_path / "reinflow", "reinflow",
+                      PPOConfig(iterations=15, steps_per_iter=10, minibatch_size=250, update_epochs=5,
+                                actor_lr=1e-4, clip_eps=0.2))
+    after = toy_success(ft)
     assert before > 0.1, f"BC should beat a policy that never reaches the goal, got {before:.2f}"
     assert after > before + 0.1, f"ReinFlow should improve on BC: {before:.2f} -> {after:.2f}"

@@ -1,7 +1,6 @@
 """Residual PPO: the likelihood used in the loss, the critic's base-action input, which parameters train,
 and that fine-tuning learns."""
 
-import dataclasses
 
 import numpy as np
 import torch
@@ -10,7 +9,6 @@ from robotft.config import EnvConfig
 from robotft.datasets.normalizer import Normalizer
 from robotft.envs.chunked import ChunkedEnv
 from robotft.envs.factory import make_env
-from robotft.evaluation import evaluate
 from robotft.policies.gaussian import GaussianPolicy, GaussianPolicyConfig
 from robotft.policies.residual import ResidualPolicy, ResidualPolicyConfig
 from robotft.rl.critic import ValueCritic
@@ -86,42 +84,20 @@ def test_ppo_core_feeds_the_critic_the_base_action():
     assert len(seen) > 4 + 1 + 2 and all(seen)
 
 
-def test_pretrain_then_residual_ppo_raises_success_on_toy(tmp_path):
-    """Scripted demos → a weak Gaussian BC base → a zero-initialised residual on it → residual PPO must beat the
-    base beyond evaluation noise."""
-    from robotft.checkpoint import load_policy
-    from robotft.cli import main
-    from robotft.finetune import FinetuneConfig, run_finetune
-
-    demos, bc, res, ft = tmp_path / "demos.zarr", tmp_path / "bc", tmp_path / "res", tmp_path / "residual_ppo"
-    assert main(["data", "generate", "--env", "toy/nav2d", "--episodes", "100", "--out", str(demos)]) == 0
-    common = ["--env", "toy/nav2d", "--data", str(demos), "--train.batch_size", "128", "--train.eval_episodes", "0"]
-    assert main(["pretrain", "--policy", "gaussian_mlp", "--steps", "600", "--out", str(bc), "--policy.hidden_dims",
-                 "64,64", "--train.lr", "3e-3", *common]) == 0
+def test_pretrain_then_residual_ppo_raises_success_on_toy(tmp_path, weak_gaussian_bc, toy_pretrain, toy_success,
+                                                          toy_finetune):
+    """A weak Gaussian BC base → a zero-initialised residual on it → residual PPO must beat the base beyond
+    evaluation noise."""
     # The residual's checkpoint: the zero-initialised residual (lr 0 in its one step), base = the BC policy.
     preset = tmp_path / "residual.yaml"
-    preset.write_text(f"type: residual\nbase_checkpoint: {bc}\nobs_steps: 1\nhorizon_steps: 8\nact_steps: 4\n"
-                      "hidden_dims: [64, 64]\n")
-    assert main(["pretrain", "--policy", str(preset), "--steps", "1", "--out", str(res), "--train.lr", "0",
-                 *common]) == 0
-
-    env_cfg = EnvConfig(backend="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
-                        reward_mode="dense", control_hz=10.0)
-
-    def success(run_dir) -> float:
-        policy, _ = load_policy(run_dir)
-        env = ChunkedEnv(make_env(env_cfg), policy.config.obs_steps, policy.config.act_steps)
-        return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), env, 400, seed=777).success_rate
-
-    before = success(res)
-    assert abs(before - success(bc)) < 1e-9, "a zero residual must evaluate like its base"
-    cfg = FinetuneConfig(
-        source=str(res), out=str(ft), algo="residual_ppo", env=dataclasses.replace(env_cfg, num_envs=50),
-        rl=PPOConfig(iterations=20, steps_per_iter=10, minibatch_size=100, update_epochs=10, actor_lr=3e-4,
-                     clip_eps=0.2),
-        eval_episodes=0, save_every=10, seed=0,
-    )
-    run_finetune(cfg)
-    after = success(ft)
+    preset.write_text(f"type: residual\nbase_checkpoint: {weak_gaussian_bc}\nobs_steps: 1\nhorizon_steps: 8\n"
+                      "act_steps: 4\nhidden_dims: [64, 64]\n")
+    res = toy_pretrain(tmp_path / "res", preset, 1, "--train.lr", "0", "--train.batch_size", "128")
+    before = toy_success(res)
+    assert abs(before - toy_success(weak_gaussian_bc)) < 1e-9, "a zero residual must evaluate like its base"
+    ft = toy_finetune(res, tmp_path / "residual_ppo", "residual_ppo",
+                      PPOConfig(iterations=20, steps_per_iter=10, minibatch_size=100, update_epochs=10,
+                                actor_lr=3e-4, clip_eps=0.2))
+    after = toy_success(ft)
     assert before > 0.1, f"the BC base should beat a policy that never reaches the goal, got {before:.2f}"
     assert after > before + 0.15, f"residual PPO should improve on its base: {before:.2f} -> {after:.2f}"
