@@ -34,7 +34,14 @@ from robotft.rl.reinflow import ReinFlow, ReinFlowConfig
 from robotft.rl.residual_ppo import ResidualPPO, ResidualPPOConfig
 from robotft.runlog import RunLogger, plot_curves, read_metrics
 
-ALGORITHMS = ("dppo", "ppo", "residual_ppo", "reinflow", "flow_sde")
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    "dppo": DPPO,
+    "ppo": GaussianPPO,
+    "residual_ppo": ResidualPPO,
+    "reinflow": ReinFlow,
+    "flow_sde": FlowSDE,
+}
+"""`--algo` name → algorithm class; each reads the FinetuneConfig section of the same name."""
 
 
 @dataclasses.dataclass
@@ -69,17 +76,10 @@ class FinetuneConfig:
 
 
 def make_algorithm(name: str, policy: Policy, cfg: FinetuneConfig) -> Algorithm:
-    if name == "dppo":
-        return DPPO(policy, cfg.dppo)  # type: ignore[arg-type]
-    if name == "ppo":
-        return GaussianPPO(policy, cfg.ppo)  # type: ignore[arg-type]
-    if name == "residual_ppo":
-        return ResidualPPO(policy, cfg.residual_ppo)  # type: ignore[arg-type]
-    if name == "reinflow":
-        return ReinFlow(policy, cfg.reinflow)  # type: ignore[arg-type]
-    if name == "flow_sde":
-        return FlowSDE(policy, cfg.flow_sde)  # type: ignore[arg-type]
-    raise ValueError(f"unknown --algo {name!r}; available: {list(ALGORITHMS)}")
+    """The algorithm `--algo name` over `policy`, configured by the FinetuneConfig section of the same name."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown --algo {name!r}; available: {list(ALGORITHMS)}")
+    return ALGORITHMS[name](policy, getattr(cfg, name))
 
 
 def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = None, resume: bool = False) -> Path:
