@@ -1,4 +1,4 @@
-"""Diffusion policy: an MLP noise predictor over action chunks, DDPM/DDIM sampling, and DPPO's chain.
+"""Diffusion policy: an MLP or 1-D UNet noise predictor over action chunks, DDPM/DDIM sampling, DPPO's chain.
 
 BC pretraining is the ε-prediction objective of Ho et al. 2020 (arXiv 2006.11239, eq. 14). Sampling
 runs the reverse chain as Gaussian transitions (robotft.policies.denoising_chain); for RL the same
@@ -32,18 +32,23 @@ from robotft.policies.denoising_chain import (
     gaussian_logprob,
     gaussian_logprob_elementwise,
 )
-from robotft.policies.encoders import flatten_obs, low_dim_obs_shapes
+from robotft.policies.encoders import flatten_obs, low_dim_obs_shapes, sinusoidal_embedding
+from robotft.policies.unet import NoiseUNet1D, check_unet_horizon
 from robotft.specs import EnvSpec
 
 SAMPLERS = ("ddpm", "ddim")
+BACKBONES = ("mlp", "unet")
 
 
 @dataclasses.dataclass
 class DiffusionPolicyConfig(PolicyConfig):
-    """Diffusion policy with a residual-MLP noise predictor (defaults follow DPPO's MLP diffusion)."""
+    """Diffusion policy with a residual-MLP (default, DPPO's MLP diffusion) or 1-D UNet noise predictor."""
 
     type: str = "diffusion_mlp"
     """Registered policy name."""
+    backbone: str = "mlp"
+    """Noise predictor: `mlp` (residual MLP, `hidden_dims`) or `unet` (conditional 1-D UNet over the
+    horizon with FiLM conditioning, Chi et al. 2023; `unet_*` fields; robotft.policies.unet)."""
     hidden_dims: tuple[int, ...] = (512, 512, 512)
     """Widths of the residual MLP's hidden layers (consecutive equal widths get a skip connection)."""
     time_embed_dim: int = 16
@@ -71,6 +76,13 @@ class DiffusionPolicyConfig(PolicyConfig):
     """Ramp the EMA decay as min(ema_decay, (1 + n) / (10 + n)) after n updates (diffusers' EMAModel)."""
     ft_denoising_steps: int = 0
     """Number of final denoising transitions fine-tuned by RL (DPPO's K'); 0 = not fine-tuned."""
+    unet_down_dims: tuple[int, ...] = (64, 128, 256)
+    """UNet backbone: channel widths of its levels; all but the last halve the horizon, so
+    `horizon_steps` must be divisible by 2 ** (len(unet_down_dims) - 1) (no padding)."""
+    unet_kernel_size: int = 5
+    """UNet backbone: temporal Conv1d kernel size (odd, so convolutions keep the length)."""
+    unet_n_groups: int = 8
+    """UNet backbone: GroupNorm groups; must divide every width in `unet_down_dims`."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -101,6 +113,19 @@ class DiffusionPolicyConfig(PolicyConfig):
             raise ValueError(f"policy.ddim_eta must be >= 0, got {self.ddim_eta}")
         if not self.hidden_dims:
             raise ValueError("policy.hidden_dims must name at least one hidden layer")
+        if self.backbone not in BACKBONES:
+            raise ValueError(f"policy.backbone must be one of {BACKBONES}, got {self.backbone!r}")
+        if self.backbone == "unet":
+            if not self.unet_down_dims:
+                raise ValueError("policy.unet_down_dims must name at least one level")
+            if self.unet_kernel_size < 1 or self.unet_kernel_size % 2 == 0:
+                raise ValueError(f"policy.unet_kernel_size must be odd and >= 1, got {self.unet_kernel_size}")
+            if self.unet_n_groups < 1 or any(d % self.unet_n_groups for d in self.unet_down_dims):
+                raise ValueError(
+                    f"policy.unet_n_groups={self.unet_n_groups} must divide every width in "
+                    f"unet_down_dims={tuple(self.unet_down_dims)}"
+                )
+            check_unet_horizon(self.horizon_steps, tuple(self.unet_down_dims))
 
     @property
     def num_denoising_steps(self) -> int:
@@ -175,15 +200,6 @@ def ddim_mean(
 # --- network ---------------------------------------------------------------------------------------
 
 
-def sinusoidal_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """Transformer position encoding of timesteps `[B]` → `[B, dim]` (Vaswani et al. 2017, Sec. 3.5;
-    used for diffusion time by Ho et al. 2020, Appendix B)."""
-    half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device) / max(half - 1, 1))
-    angles = t.float()[:, None] * freqs[None]
-    return torch.cat([angles.sin(), angles.cos()], dim=1)
-
-
 class NoiseMLP(nn.Module):
     """ε_θ(x_k, k, cond): a residual MLP on [x_k, time embedding, cond] (DPPO's DiffusionMLP)."""
 
@@ -234,12 +250,24 @@ class DiffusionPolicy(Policy):
         sample_dim = config.horizon_steps * self.act_dim
         cond_dim = sum(math.prod(shape) for shape in self.obs_shapes.values())
 
-        self.net = NoiseMLP(sample_dim, cond_dim, tuple(config.hidden_dims), config.time_embed_dim)
-        self.ema_net: NoiseMLP | None = None
+        self.net: NoiseMLP | NoiseUNet1D
+        if config.backbone == "unet":
+            self.net = NoiseUNet1D(
+                config.horizon_steps,
+                self.act_dim,
+                cond_dim,
+                tuple(config.unet_down_dims),
+                config.unet_kernel_size,
+                config.unet_n_groups,
+                config.time_embed_dim,
+            )
+        else:
+            self.net = NoiseMLP(sample_dim, cond_dim, tuple(config.hidden_dims), config.time_embed_dim)
+        self.ema_net: NoiseMLP | NoiseUNet1D | None = None
         if config.ema_decay > 0:
             self.ema_net = copy.deepcopy(self.net).requires_grad_(False)
             self.register_buffer("ema_updates", torch.zeros((), dtype=torch.long))
-        self.ft_net: NoiseMLP | None = None
+        self.ft_net: NoiseMLP | NoiseUNet1D | None = None
 
         # Training noise comes from diffusers; sampling reads the same alphas_cumprod.
         self.scheduler = DDPMScheduler(

@@ -95,3 +95,12 @@ def check_chunk(name: str, x: torch.Tensor, horizon: int, act_dim: int) -> None:
     """Raise unless `x` is `[B, horizon, act_dim]`."""
     if x.ndim != 3 or tuple(x.shape[1:]) != (horizon, act_dim):
         raise ValueError(f"{name}: expected [B, {horizon}, {act_dim}], got {tuple(x.shape)}")
+
+
+def sinusoidal_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Transformer position encoding of timesteps `[B]` → `[B, dim]` (Vaswani et al. 2017, Sec. 3.5;
+    used for diffusion time by Ho et al. 2020, Appendix B)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device) / max(half - 1, 1))
+    angles = t.float()[:, None] * freqs[None]
+    return torch.cat([angles.sin(), angles.cos()], dim=1)

@@ -40,8 +40,7 @@ from torch import nn
 from robotft.datasets.normalizer import Normalizer
 from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
 from robotft.policies.denoising_chain import Chain, chain_transitions, gaussian_logprob_elementwise
-from robotft.policies.diffusion import sinusoidal_embedding
-from robotft.policies.encoders import check_chunk, flatten_obs, low_dim_obs_shapes, mlp
+from robotft.policies.encoders import check_chunk, flatten_obs, low_dim_obs_shapes, mlp, sinusoidal_embedding
 from robotft.specs import EnvSpec
 
 TIME_SAMPLINGS = ("beta", "uniform")

@@ -30,8 +30,7 @@ from torch import nn
 
 from robotft.envs.base import Obs
 from robotft.policies.denoising_chain import gaussian_logprob_elementwise
-from robotft.policies.diffusion import sinusoidal_embedding
-from robotft.policies.encoders import flatten_obs, mlp
+from robotft.policies.encoders import flatten_obs, mlp, sinusoidal_embedding
 from robotft.policies.flow import FlowPolicy, euler_times
 from robotft.rl.algorithm import ActOutput, Algorithm
 
