@@ -32,7 +32,7 @@ from robotft.policies.denoising_chain import (
     gaussian_logprob,
     gaussian_logprob_elementwise,
 )
-from robotft.policies.encoders import flatten_obs, low_dim_obs_shapes, sinusoidal_embedding
+from robotft.policies.encoders import check_chunk, flatten_obs, low_dim_obs_shapes, sinusoidal_embedding
 from robotft.policies.unet import NoiseUNet1D, check_unet_horizon
 from robotft.specs import EnvSpec
 
@@ -301,13 +301,6 @@ class DiffusionPolicy(Policy):
         """
         return flatten_obs(obs, self.obs_shapes, self.normalizer)
 
-    def _check_chunk(self, name: str, x: torch.Tensor) -> None:
-        expected = (self.config.horizon_steps, self.act_dim)
-        if x.ndim != 3 or tuple(x.shape[1:]) != expected:
-            raise ValueError(
-                f"{name}: expected shape [B, {expected[0]}, {expected[1]}], got {tuple(x.shape)}"
-            )
-
     def _to_actions(self, x0: torch.Tensor) -> torch.Tensor:
         """Final normalized sample `[B, H*A]` → env-unit chunk `[B, H, A]` (clipped first)."""
         clip = self.config.final_action_clip
@@ -322,7 +315,7 @@ class DiffusionPolicy(Policy):
         `batch`: `{"obs": Obs, "action": [B, H, A]}` in env units.
         """
         cond = self.encode_obs(batch["obs"])
-        self._check_chunk("batch['action']", batch["action"])
+        check_chunk("batch['action']", batch["action"], self.config.horizon_steps, self.act_dim)
         x0 = self.normalizer.normalize("action", batch["action"]).flatten(1)
         noise = torch.randn_like(x0)
         t = torch.randint(0, self.config.num_train_timesteps, (x0.shape[0],), device=x0.device)
@@ -545,8 +538,8 @@ class DiffusionPolicy(Policy):
         min_std: float,
     ) -> torch.Tensor:
         """`transition_logprob` before the sum over the chunk: per-entry log-densities `[B, H, A]`."""
-        self._check_chunk("x_k", x_k)
-        self._check_chunk("x_prev", x_prev)
+        check_chunk("x_k", x_k, self.config.horizon_steps, self.act_dim)
+        check_chunk("x_prev", x_prev, self.config.horizon_steps, self.act_dim)
         batch = x_k.shape[0]
         if cond.shape[0] != batch or x_prev.shape[0] != batch:
             raise ValueError(

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from robotft.datasets.normalizer import Normalizer
-from robotft.policies.diffusion import sinusoidal_embedding
+from robotft.policies.encoders import sinusoidal_embedding
 from robotft.policies.flow import FlowPolicy, FlowPolicyConfig
 from robotft.rl.reinflow import ReinFlow, ReinFlowConfig
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
