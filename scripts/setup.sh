@@ -57,6 +57,11 @@ install_python_packages() {
   # torch first, from the pair on local disk, so nothing resolves a different build.
   "$venv/bin/python" -m pip install -q -c "$repo/requirements/constraints.txt" torch torchvision
   "$venv/bin/python" -m pip install -q -c "$repo/requirements/constraints.txt" -e "$repo[$extras]"
+  if [[ ",$extras," == *",lerobot,"* ]]; then
+    # lerobot 0.4.4 pins torch<2.11, which excludes the torch builds on these machines: its own
+    # requirements come from the extra above, lerobot itself without its pins.
+    "$venv/bin/python" -m pip install -q -c "$repo/requirements/constraints.txt" --no-deps "lerobot==0.4.4"
+  fi
   echo "$want" >"$stamp"
 }
 
