@@ -1,4 +1,4 @@
-"""`robotft pretrain | finetune | eval | data ...`: the command line.
+"""`robotft pretrain | finetune | eval | deploy | data ...`: the command line.
 
 Every config field can be overridden with a dotted flag after the named options, e.g.
 `robotft finetune --from runs/bc --algo dppo --rl.clip_eps 0.02 --env.num_envs 4`.
@@ -52,6 +52,10 @@ def cmd_data_generate(args: argparse.Namespace, extra: list[str]) -> int:
         stats = generate_maniskill_demos(env_cfg, args.episodes, args.out, seed=args.seed, mode=mode)
     elif env_cfg.backend == "toy":
         stats = _generate_toy(env_cfg, args.episodes, args.out, args.seed, mode)
+    elif env_cfg.backend == "robosuite":
+        from robotft.datasets.robosuite_demos import generate_robosuite_demos
+
+        stats = generate_robosuite_demos(env_cfg, args.episodes, args.out, seed=args.seed, mode=mode)
     else:
         raise ConfigError(f"no demonstration generator for env backend {env_cfg.backend!r}")
     print(json.dumps(stats, default=str))
@@ -77,14 +81,36 @@ def _generate_toy(env_cfg: EnvConfig, episodes: int, out: str, seed: int, mode: 
 
 def cmd_data_import(args: argparse.Namespace, extra: list[str]) -> int:
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
+    if bool(args.files) == bool(args.from_lerobot):
+        raise ConfigError("data import: give either ManiSkill .h5 / robomimic .hdf5 FILES or --from-lerobot ROOT_OR_REPO_ID")
+    if args.from_lerobot:
+        from robotft.datasets.lerobot_io import import_lerobot, load_key_map, parse_map_args
+
+        key_map = load_key_map(parse_map_args(args.map), args.map_file)
+        print(json.dumps(import_lerobot(args.from_lerobot, args.out, key_map=key_map, mode=mode), default=str))
+        return 0
     from robotft.datasets.maniskill_demos import import_maniskill_h5
+    from robotft.datasets.robomimic_import import import_robomimic_hdf5, is_robomimic_hdf5
 
     total = {}
     for i, path in enumerate(args.files):
-        stats = import_maniskill_h5(path, args.out, control_mode=args.control_mode,
-                                    mode=mode if i == 0 else "append", only_success=not args.keep_failures)
+        file_mode = mode if i == 0 else "append"
+        if is_robomimic_hdf5(path):
+            stats = import_robomimic_hdf5(path, args.out, mode=file_mode, filter_key=args.filter_key)
+        else:
+            stats = import_maniskill_h5(path, args.out, control_mode=args.control_mode,
+                                        mode=file_mode, only_success=not args.keep_failures)
         total[str(path)] = stats
     print(json.dumps(total, default=str))
+    return 0
+
+
+def cmd_data_export(args: argparse.Namespace, extra: list[str]) -> int:
+    from robotft.datasets.lerobot_io import export_lerobot, load_key_map, parse_map_args
+
+    key_map = load_key_map(parse_map_args(args.map), args.map_file)
+    print(json.dumps(export_lerobot(args.path, args.to_lerobot, args.repo_id, key_map=key_map,
+                                    overwrite=args.overwrite, vcodec=args.vcodec, robot_type=args.robot_type)))
     return 0
 
 
@@ -104,6 +130,20 @@ def cmd_data_validate(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"INVALID: {e}", file=sys.stderr)
         return 1
     print(f"{args.path}: valid")
+    return 0
+
+
+# -- policy ---------------------------------------------------------------------------------------
+
+
+def cmd_policy_import(args: argparse.Namespace, extra: list[str]) -> int:
+    from robotft.datasets.lerobot_io import parse_map_args
+    from robotft.policies.lerobot_policy import import_lerobot_policy
+
+    env_cfg = load_env_config(args.env, _split_overrides(parse_override_args(extra), ("env",))["env"])
+    out = import_lerobot_policy(args.from_lerobot, args.out, env_cfg, key_map=parse_map_args(args.map),
+                                task=args.task)
+    print(f"checkpoint: {out}", file=sys.stderr)
     return 0
 
 
@@ -133,7 +173,7 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.finetune import FinetuneConfig, run_finetune
 
-    groups = _split_overrides(parse_override_args(extra), ("env", "policy", "rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", ""))
+    groups = _split_overrides(parse_override_args(extra), ("env", "policy", "rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout", ""))
     env_cfg = None
     if args.env:
         env_cfg = load_env_config(args.env, groups["env"])
@@ -144,7 +184,7 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
         env_cfg = apply_overrides(base, groups["env"], prefix="env.")
     cfg = FinetuneConfig(source=args.source, out=args.out, algo=args.algo, env=env_cfg, seed=args.seed)
     cfg.rl.iterations = args.iterations
-    section_overrides = {f"{s}.{k}": v for s in ("rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde") for k, v in groups[s].items()}
+    section_overrides = {f"{s}.{k}": v for s in ("rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout") for k, v in groups[s].items()}
     section_overrides.update(groups[""])
     cfg = apply_overrides(cfg, section_overrides) if section_overrides else cfg
     out = run_finetune(cfg, policy_overrides=groups["policy"], resume=args.resume)
@@ -188,6 +228,24 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_deploy(args: argparse.Namespace, extra: list[str]) -> int:
+    from robotft.real_robot.deploy import DeployOptions, deploy
+
+    if extra:
+        raise ConfigError(f"deploy: unexpected arguments {extra}")
+    mode = "append" if args.append else "overwrite" if args.overwrite else "create"
+    summary = deploy(DeployOptions(
+        checkpoint=args.checkpoint, rig=args.rig, episodes=args.episodes, record=args.record, record_mode=mode,
+        no_operator=args.no_operator, executor=args.executor, out=args.out, episode_time_s=args.episode_time,
+        seed=args.seed, device=args.device,
+    ))
+    lo, hi = summary["ci95"]
+    print(f"success {summary['success_rate']:.3f} (95% CI {lo:.3f}-{hi:.3f}) over {summary['scored']} scored "
+          f"episodes; latency report {summary['latency_json']}", file=sys.stderr)
+    print(json.dumps(summary))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="robotft", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -196,24 +254,50 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = data.add_subparsers(dest="data_command", required=True)
     g = dsub.add_parser("generate", help="scripted/motion-planned demonstrations into a dataset store")
     g.add_argument("--env", required=True, help="env preset, e.g. maniskill/push_cube")
-    g.add_argument("--episodes", type=int, required=True)
+    g.add_argument("-n", "--episodes", type=int, required=True)
     g.add_argument("--out", required=True)
     g.add_argument("--seed", type=int, default=0)
     _add_write_mode(g)
     g.set_defaults(func=cmd_data_generate)
-    im = dsub.add_parser("import", help="import ManiSkill .h5 trajectory files")
-    im.add_argument("files", nargs="+", type=Path)
+    im = dsub.add_parser("import", help="import ManiSkill .h5, robomimic .hdf5 files or a LeRobot dataset")
+    im.add_argument("files", nargs="*", type=Path)
     im.add_argument("--out", required=True)
     im.add_argument("--control-mode", default=None, help="expected control mode (checked)")
     im.add_argument("--keep-failures", action="store_true", help="also import unsuccessful episodes")
+    im.add_argument("--filter-key", default=None,
+                    help="robomimic .hdf5: import only the demos in mask/<FILTER_KEY> (e.g. train)")
+    im.add_argument("--from-lerobot", default=None, metavar="ROOT_OR_REPO_ID",
+                    help="a LeRobot v3.0 dataset: a local root, or a repo id in LeRobot's hub cache")
+    _add_key_map_args(im)
     _add_write_mode(im)
     im.set_defaults(func=cmd_data_import)
+    ex = dsub.add_parser("export", help="write a dataset store as a LeRobot v3.0 dataset (images as video)")
+    ex.add_argument("path", help="the robotft dataset store")
+    ex.add_argument("--to-lerobot", required=True, metavar="OUT", help="directory of the new LeRobot dataset")
+    ex.add_argument("--repo-id", required=True, help="the LeRobot repo id recorded in it, e.g. user/pick_cube")
+    ex.add_argument("--vcodec", default="libsvtav1", help="video codec (LeRobot's: libsvtav1, h264, hevc, ...)")
+    ex.add_argument("--robot-type", default=None, help="robot type recorded in meta/info.json")
+    ex.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    _add_key_map_args(ex)
+    ex.set_defaults(func=cmd_data_export)
     info = dsub.add_parser("info", help="summarize a dataset store")
     info.add_argument("path")
     info.set_defaults(func=cmd_data_info)
     val = dsub.add_parser("validate", help="check a dataset store; exit 1 when invalid")
     val.add_argument("path")
     val.set_defaults(func=cmd_data_validate)
+
+    pol = sub.add_parser("policy", help="bring policies from other toolkits into robotft checkpoints")
+    psub = pol.add_subparsers(dest="policy_command", required=True)
+    pim = psub.add_parser("import", help="a LeRobot DiffusionPolicy or SmolVLA pretrained_model directory")
+    pim.add_argument("--from-lerobot", required=True, metavar="DIR", help="LeRobot pretrained_model directory")
+    pim.add_argument("--env", required=True, help="env preset the policy acts in, e.g. maniskill/pick_cube")
+    pim.add_argument("--out", required=True, help="robotft checkpoint directory to write")
+    pim.add_argument("--task", default="", help="language instruction given to a VLA (SmolVLA)")
+    pim.add_argument("--map", action="append", metavar="LEROBOT_KEY=ROBOTFT_KEY",
+                     help="robotft observation key a LeRobot input reads (repeatable), e.g. "
+                          "observation.environment_state=state")
+    pim.set_defaults(func=cmd_policy_import)
 
     pre = sub.add_parser("pretrain", help="BC pretraining on a dataset")
     pre.add_argument("--env", required=True)
@@ -246,7 +330,31 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default="auto")
     ev.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ev.set_defaults(func=cmd_eval)
+
+    dep = sub.add_parser("deploy", help="run a checkpoint on a rig (real or simulated Franka), record, report")
+    dep.add_argument("checkpoint")
+    dep.add_argument("--rig", required=True, help="rig preset, e.g. real_robot/sim_franka.yaml or sim_franka")
+    dep.add_argument("--episodes", type=int, default=1)
+    dep.add_argument("--record", default=None, help="dataset store to record the episodes into")
+    dep.add_argument("--no-operator", action="store_true",
+                     help="outcomes from the simulated scene instead of a person (refused on a real robot)")
+    dep.add_argument("--executor", default=None, choices=["receding_horizon", "temporal_ensemble", "async"],
+                     help="chunk executor (default: the rig's)")
+    dep.add_argument("--out", default=None, help="folder for latency.json/.png and deploy.json "
+                                                 "(default: beside --record, else runs/deploy)")
+    dep.add_argument("--episode-time", type=float, default=0.0, help="episode time limit in seconds")
+    dep.add_argument("--seed", type=int, default=0)
+    dep.add_argument("--device", default="auto")
+    _add_write_mode(dep)
+    dep.set_defaults(func=cmd_deploy)
     return p
+
+
+def _add_key_map_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--map", action="append", metavar="LEROBOT_KEY=ROBOTFT_KEY",
+                   help="rename a LeRobot feature (repeatable; 'observation.images.*=rgb/*' maps a prefix; "
+                        "an empty value drops the feature)")
+    p.add_argument("--map-file", default=None, help="YAML file of LeRobot feature: robotft key entries")
 
 
 def _add_write_mode(p: argparse.ArgumentParser) -> None:

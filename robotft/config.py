@@ -215,30 +215,108 @@ def parse_override_args(args: list[str]) -> dict[str, str]:
 # are registered by name; RL algorithm configs live in robotft.rl.
 
 
+def _check_range(name: str, lo_hi: tuple, minimum: float | None = None) -> None:
+    """`lo_hi` is a `[low, high]` pair with low <= high (and low >= minimum when given)."""
+    if len(lo_hi) != 2 or lo_hi[0] > lo_hi[1]:
+        raise ValueError(f"env.randomization.{name} must be [low, high] with low <= high, got {list(lo_hi)}")
+    if minimum is not None and lo_hi[0] < minimum:
+        raise ValueError(f"env.randomization.{name} must be >= {minimum}, got {list(lo_hi)}")
+
+
+@dataclasses.dataclass
+class DomainRandomizationConfig:
+    """Domain randomization for sim-to-real (Tobin et al. 2017, arXiv 1703.06907; Peng et al. 2018,
+    arXiv 1710.06537), applied at every reset. The defaults change nothing: an env with them is
+    bit-identical to one without randomization.
+
+    Physical fields (friction, mass, object pose, camera, light) are implemented per adapter, and
+    `make_env` refuses a field the chosen backend does not implement. Observation noise, action noise
+    and action latency work on any backend (robotft.envs.randomization).
+    Override from the CLI: `--env.randomization.friction_scale [0.5,1.5]` or, in `robotft eval`,
+    `--env-override randomization.friction_scale=[0.5,1.5]`.
+    """
+
+    friction_scale: tuple[float, float] = (1.0, 1.0)
+    """[low, high] of the factor drawn per env at each reset that multiplies the nominal friction
+    coefficients (MuJoCo: every geom; ManiSkill: the task's movable objects)."""
+    mass_scale: tuple[float, float] = (1.0, 1.0)
+    """[low, high] of the factor drawn per env at each reset that multiplies the nominal masses
+    (MuJoCo: every body, inertia scaled alike; ManiSkill: the task's movable objects)."""
+    object_pos_range: float = 0.0
+    """Half-width (metres) of a uniform x/y offset added to each movable object's initial position,
+    on top of the task's own randomization."""
+    object_yaw_range: float = 0.0
+    """Half-width (radians) of a uniform rotation about z added to each movable object's initial pose."""
+    camera_pos_range: float = 0.0
+    """Half-width (metres) of a uniform offset added to each camera position, per axis."""
+    camera_fov_range: tuple[float, float] = (0.0, 0.0)
+    """[low, high] (degrees) of an offset added to each camera's vertical field of view."""
+    light_scale: tuple[float, float] = (1.0, 1.0)
+    """[low, high] of the factor that multiplies the nominal light intensities (where the renderer allows)."""
+    obs_noise_std: float = 0.0
+    """Std of Gaussian noise added to the `state` observation at every step (state units; images untouched)."""
+    action_noise_std: float = 0.0
+    """Std of Gaussian noise added to every action (action units), then clipped to the action bounds."""
+    action_latency_steps: tuple[int, int] = (0, 0)
+    """[low, high] control steps by which actions reach the simulator late, drawn per env at each reset;
+    until the first commanded action arrives the env receives the midpoint of the action bounds."""
+
+    PHYSICAL = ("friction_scale", "mass_scale", "object_pos_range", "object_yaw_range", "camera_pos_range",
+                "camera_fov_range", "light_scale")
+    """Fields each adapter implements itself (or refuses)."""
+
+    def __post_init__(self) -> None:
+        for name in ("friction_scale", "mass_scale", "camera_fov_range", "light_scale", "action_latency_steps"):
+            setattr(self, name, tuple(getattr(self, name)))  # lists from Python callers compare like YAML's
+        for name in ("friction_scale", "mass_scale", "light_scale"):
+            _check_range(name, getattr(self, name), minimum=0.0)
+        _check_range("camera_fov_range", self.camera_fov_range)
+        _check_range("action_latency_steps", self.action_latency_steps, minimum=0)
+        for name in ("object_pos_range", "object_yaw_range", "camera_pos_range", "obs_noise_std",
+                     "action_noise_std"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"env.randomization.{name} must be >= 0, got {getattr(self, name)}")
+
+    def active_physical(self) -> list[str]:
+        """Names of the physical fields that differ from their no-op default."""
+        default = DomainRandomizationConfig()
+        return [n for n in self.PHYSICAL if getattr(self, n) != getattr(default, n)]
+
+    @property
+    def generic_active(self) -> bool:
+        """Whether observation noise, action noise or action latency is on."""
+        return self.obs_noise_std > 0 or self.action_noise_std > 0 or self.action_latency_steps[1] > 0
+
+
 @dataclasses.dataclass
 class EnvConfig:
     """A simulated task: which simulator, which task, how it is controlled and observed."""
 
     backend: str = "toy"
-    """Simulator adapter: `maniskill` or `toy` (more in later versions)."""
+    """Simulator adapter: `maniskill`, `robosuite`, `mujoco` (gymnasium locomotion), `isaacgym` (FurnitureSim,
+    untested here) or `toy`."""
     task: str = "nav2d"
     """Task id inside the backend, e.g. `PushCube-v1` for ManiSkill, `nav2d` for the toy suite."""
     num_envs: int = 1
-    """Parallel environments. ManiSkill CPU: one per worker process; GPU: all in one process."""
+    """Parallel environments. ManiSkill CPU and robosuite: one per worker process; ManiSkill GPU: all in one
+    process."""
     sim_backend: str = "auto"
     """ManiSkill physics backend: `auto` (GPU when CUDA is present), `physx_cpu` or `physx_cuda`."""
     control_mode: str = "pd_ee_delta_pose"
-    """Action meaning; must match the dataset's and the rig's."""
+    """Action meaning; must match the dataset's and the rig's (robosuite: `OSC_POSE`)."""
     obs_mode: str = "state"
     """Observation mode: `state`, or `rgb` for camera observations."""
     reward_mode: str = "dense"
-    """Reward: `normalized_dense`, `dense` or `sparse` (ManiSkill); `dense`/`sparse` for the toy suite."""
+    """Reward: `normalized_dense`, `dense` or `sparse` (ManiSkill); `dense`/`sparse` for robosuite and the
+    toy suite."""
     max_episode_steps: int = 100
     """Episode limit in env steps (not chunks); motion-planned demos need >= 100 on ManiSkill."""
     control_hz: float = 20.0
     """Control rate in steps per second (ManiSkill default 20 Hz)."""
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Extra keyword arguments passed to the simulator's constructor."""
+    randomization: DomainRandomizationConfig = dataclasses.field(default_factory=DomainRandomizationConfig)
+    """Domain randomization applied at reset; the defaults change nothing."""
 
     def __post_init__(self) -> None:
         if self.num_envs < 1:

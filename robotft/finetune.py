@@ -21,6 +21,8 @@ from tqdm import tqdm
 
 from robotft import checkpoint as ckpt_io
 from robotft.config import EnvConfig, from_dict, resolve_device, to_dict
+from robotft.datasets.normalizer import Normalizer
+from robotft.distributed import DistContext, distributed
 from robotft.envs.chunked import ChunkedEnv
 from robotft.evaluation import EvalResult, evaluate
 from robotft.policies.base import Policy, build_policy, policy_config_class
@@ -32,7 +34,9 @@ from robotft.rl.gaussian_ppo import GaussianPPO, GaussianPPOConfig
 from robotft.rl.ppo import PPO, PPOConfig
 from robotft.rl.reinflow import ReinFlow, ReinFlowConfig
 from robotft.rl.residual_ppo import ResidualPPO, ResidualPPOConfig
-from robotft.runlog import RunLogger, plot_curves, read_metrics
+from robotft.rl.rollout import RolloutConfig
+from robotft.runlog import NullLogger, RunLogger, plot_curves, read_metrics
+from robotft.specs import EnvSpec
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     "dppo": DPPO,
@@ -62,13 +66,17 @@ class FinetuneConfig:
     residual_ppo: ResidualPPOConfig = dataclasses.field(default_factory=ResidualPPOConfig)
     reinflow: ReinFlowConfig = dataclasses.field(default_factory=ReinFlowConfig)
     flow_sde: FlowSDEConfig = dataclasses.field(default_factory=FlowSDEConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """Where rollouts run: in this process (default) or on Ray env workers (robotft.rl.rollout)."""
     eval_every: int = 5
     """Iterations between evaluations (also evaluated before the first and after the last)."""
     eval_episodes: int = 20
     """Episodes per evaluation; 0 disables evaluation."""
     eval_num_envs: int = 0
     """Parallel evaluation envs; 0 evaluates on the training envs themselves (each ManiSkill CPU worker holds
-    ~0.5 GB, so separate evaluation workers would double the memory), which then start fresh episodes."""
+    ~0.5 GB, so separate evaluation workers would double the memory), which then start fresh episodes.
+    With `rollout.backend ray` the training envs are remote: 0 then evaluates on `rollout.envs_per_worker`
+    envs in the learner's process."""
     save_every: int = 5
     """Iterations between checkpoints (the last is always saved)."""
     seed: int = 0
@@ -82,11 +90,39 @@ def make_algorithm(name: str, policy: Policy, cfg: FinetuneConfig) -> Algorithm:
     return ALGORITHMS[name](policy, getattr(cfg, name))
 
 
+def make_critic(policy: Policy, spec: EnvSpec, normalizer: Normalizer, cfg: FinetuneConfig,
+                algo: Algorithm) -> ValueCritic:
+    """The value critic over the policy's low-dim observation history (plus the algorithm's extra input).
+
+    Camera keys are left out: the critic is only used in training, where the simulator's state is at hand,
+    and an MLP on raw pixels would learn nothing useful (an asymmetric actor-critic)."""
+    keys = [k for k in policy.config.obs_keys if not k.startswith(("rgb/", "depth/"))]
+    if not keys:
+        raise ValueError(f"the critic needs a low-dim observation key beside the cameras; policy.obs_keys are "
+                         f"{policy.config.obs_keys} (add `state`)")
+    obs_dim = sum(int(np.prod(spec.observations[k].shape)) for k in keys)
+    return ValueCritic(keys, obs_dim * policy.config.obs_steps, normalizer,
+                       hidden_dims=cfg.rl.critic_hidden, extra_dim=algo.critic_extra_dim)
+
+
 def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = None, resume: bool = False) -> Path:
+    """Fine-tune and checkpoint. Returns the run directory.
+
+    Under torchrun every rank collects from its own envs (seeded by rank) and gradients are averaged across
+    ranks (robotft.distributed); rank 0 evaluates and writes checkpoints and logs."""
+    if cfg.rollout.backend == "ray" and cfg.rl.reward_scale:
+        raise ValueError("rl.reward_scale is not supported with rollout.backend ray: the running return "
+                         "statistics would differ between workers; use rollout.backend inprocess")
+    with distributed(resolve_device(cfg.device)) as ctx:
+        return _finetune(cfg, policy_overrides, resume, ctx)
+
+
+def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resume: bool, ctx: DistContext) -> Path:
     from robotft.config import apply_overrides
     from robotft.envs.factory import make_env
 
-    device = resolve_device(cfg.device)
+    device = ctx.device(resolve_device(cfg.device))
+    seed = ctx.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     out = Path(cfg.out)
@@ -107,25 +143,42 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
     policy.to(device)
     algo = make_algorithm(cfg.algo, policy, cfg)
 
-    env = make_env(env_cfg, device=device)
-    chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
+    # With Ray the training envs live on the workers; the learner only holds evaluation envs (rank 0).
+    env = make_env(env_cfg, device=device) if cfg.rollout.backend == "inprocess" else None
+    chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps) if env is not None else None
     eval_env = env
-    if cfg.eval_num_envs:
-        eval_env = make_env(dataclasses.replace(env_cfg, num_envs=cfg.eval_num_envs), device=device)
-    chunked_eval = ChunkedEnv(eval_env, policy.config.obs_steps, policy.config.act_steps)
-    obs_dim = sum(int(np.prod(source.spec.observations[k].shape)) for k in policy.config.obs_keys)
-    critic = ValueCritic(policy.config.obs_keys, obs_dim * policy.config.obs_steps, source.normalizer,
-                         hidden_dims=cfg.rl.critic_hidden, extra_dim=algo.critic_extra_dim).to(device)
-    ppo = PPO(algo, critic, chunked, cfg.rl, seed=cfg.seed)
+    if ctx.is_main and cfg.eval_episodes > 0 and (cfg.eval_num_envs or env is None):
+        num_eval = cfg.eval_num_envs or cfg.rollout.envs_per_worker
+        eval_env = make_env(dataclasses.replace(env_cfg, num_envs=num_eval), device=device)
+    chunked_eval = ChunkedEnv(eval_env, policy.config.obs_steps, policy.config.act_steps) if eval_env is not None else None
+    critic = make_critic(policy, source.spec, source.normalizer, cfg, algo).to(device)
+    ppo = PPO(algo, critic, chunked, cfg.rl, seed=seed, dist=ctx, device=device)
     if resuming:
         ppo.load_state_dict(source.training_state()["ppo"])
         if ppo.iteration >= cfg.rl.iterations:
             raise ValueError(f"{previous} is at iteration {ppo.iteration} and --iterations is {cfg.rl.iterations}: "
                              "nothing to resume (raise --iterations to train longer)")
         print(f"resuming {out} from iteration {ppo.iteration}", file=sys.stderr)
+    ctx.broadcast_parameters([*policy.state_dict().values(), *critic.state_dict().values(),
+                              *algo.actor_parameters()])
+    if ctx.rank > 0:  # each rank its own action-sampling stream; rank 0's is the single-process one
+        torch.manual_seed(seed + ppo.iteration)
+    collector = None
+    if cfg.rollout.backend == "ray":
+        from robotft.rl.rollout import RayCollector, worker_setup
+
+        collector = RayCollector(cfg.rollout, worker_setup(cfg, policy.config, source.spec, source.normalizer), seed)
+    # Wall-clock seconds of fine-tuning so far, continued across resumes (the x axis of success vs wall-clock).
+    wall_offset = float(source.meta.get("wall_seconds", 0.0)) if resuming else 0.0
+    t_start = time.perf_counter()
+
+    def wall_seconds() -> float:
+        return wall_offset + time.perf_counter() - t_start
+
     run_config = {"stage": "finetune", **to_dict(cfg)}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({"run": run_config, "policy": to_dict(policy.config)}, indent=2))
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps({"run": run_config, "policy": to_dict(policy.config)}, indent=2))
 
     def run_eval() -> EvalResult:
         policy.eval()
@@ -143,19 +196,20 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
                     "run": run_config},
             normalizer=source.normalizer,
             meta={"stage": "finetune", "step": ppo.iteration, "env_steps": ppo.env_steps, "metrics": metrics,
-                  "algo": cfg.algo, "source": origin},
+                  "algo": cfg.algo, "source": origin, "wall_seconds": wall_seconds()},
             training_state={"ppo": ppo.state_dict()},
         )
 
     metrics: dict[str, Any] = {}
     try:
-        with RunLogger(out, resume_step=ppo.env_steps if resuming else None) as log:
-            if cfg.eval_episodes > 0 and ppo.iteration == 0:
-                metrics = _log_eval(log, ppo, run_eval(), "before fine-tuning")
+        logger = RunLogger(out, resume_step=ppo.env_steps if resuming else None) if ctx.is_main else NullLogger()
+        with logger as log:
+            if ctx.is_main and cfg.eval_episodes > 0 and ppo.iteration == 0:
+                metrics = _log_eval(log, ppo, run_eval(), "before fine-tuning", wall_seconds())
             bar = tqdm(range(ppo.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]", initial=ppo.iteration,
-                       total=cfg.rl.iterations, dynamic_ncols=True, file=sys.stderr)
+                       total=cfg.rl.iterations, dynamic_ncols=True, file=sys.stderr, disable=not ctx.is_main)
             for _ in bar:
-                buf, next_value, stats = ppo.collect()
+                buf, next_value, stats = ppo.collect() if collector is None else collector.collect(ppo)
                 t0 = time.perf_counter()
                 update = ppo.update(buf, next_value)
                 update_s = time.perf_counter() - t0
@@ -164,6 +218,7 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
                     "train/env_steps_per_s": stats.env_steps / max(stats.seconds, 1e-9),
                     "train/update_seconds": update_s,
                     "train/env_steps": ppo.env_steps,
+                    "train/wall_seconds": wall_seconds(),
                 })
                 if stats.episodes:
                     scalars["train/success_rate"] = stats.successes / stats.episodes
@@ -172,22 +227,27 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
                 bar.set_postfix(sr=f"{scalars.get('train/success_rate', float('nan')):.2f}",
                                 kl=f"{update.get('approx_kl', 0.0):.3f}")
                 last = ppo.iteration == cfg.rl.iterations
-                if cfg.eval_episodes > 0 and (last or ppo.iteration % cfg.eval_every == 0):
-                    metrics = _log_eval(log, ppo, run_eval(), f"iteration {ppo.iteration}")
-                if last or ppo.iteration % cfg.save_every == 0:
+                if ctx.is_main and cfg.eval_episodes > 0 and (last or ppo.iteration % cfg.eval_every == 0):
+                    metrics = _log_eval(log, ppo, run_eval(), f"iteration {ppo.iteration}", wall_seconds())
+                if ctx.is_main and (last or ppo.iteration % cfg.save_every == 0):
                     save(metrics)
             bar.close()
     finally:
-        env.close()
-        if eval_env is not env:
+        if collector is not None:
+            collector.close()
+        if env is not None:
+            env.close()
+        if eval_env is not None and eval_env is not env:
             eval_env.close()
-    write_learning_curve(out)
+    if ctx.is_main:
+        write_learning_curve(out)
     return out
 
 
-def _log_eval(log: RunLogger, ppo: PPO, result: EvalResult, when: str) -> dict[str, Any]:
+def _log_eval(log: RunLogger, ppo: PPO, result: EvalResult, when: str, wall_seconds: float) -> dict[str, Any]:
     log.log(ppo.env_steps, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return,
-                            "eval/ci95_low": result.ci95[0], "eval/ci95_high": result.ci95[1]})
+                            "eval/ci95_low": result.ci95[0], "eval/ci95_high": result.ci95[1],
+                            "eval/wall_seconds": wall_seconds})
     tqdm.write(f"{when}: success {result.success_rate:.2f} (95% CI {result.ci95[0]:.2f}-{result.ci95[1]:.2f}, "
                f"{result.episodes} episodes)", file=sys.stderr)
     return {"success_rate": result.success_rate, "ci95": list(result.ci95), "mean_return": result.mean_return}

@@ -21,11 +21,13 @@ from tqdm import tqdm
 from robotft import checkpoint as ckpt_io
 from robotft.config import EnvConfig, resolve_device, to_dict
 from robotft.datasets.normalizer import Normalizer
-from robotft.datasets.sampler import SequenceSampler
+from robotft.datasets.sampler import SequenceSampler, infinite_batches
 from robotft.datasets.store import ReplayBuffer
+from robotft.distributed import DistContext, distributed
 from robotft.policies.base import Policy, PolicyConfig, build_policy
-from robotft.runlog import RunLogger
-from robotft.specs import EnvSpec
+from robotft.policies.vision import image_encoder_without_file
+from robotft.runlog import NullLogger, RunLogger
+from robotft.specs import EnvSpec, FeatureSpec
 
 
 @dataclasses.dataclass
@@ -110,30 +112,35 @@ def check_dataset_matches_env(buffer: ReplayBuffer, env_spec: EnvSpec, policy_cf
         raise ValueError(f"dataset {buffer.path} does not match the env: " + "; ".join(problems))
 
 
-def _infinite(loader):
-    while True:
-        yield from loader
-
-
 def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = False) -> Path:
-    """Train, evaluate and checkpoint. Returns the run directory."""
+    """Train, evaluate and checkpoint. Returns the run directory.
+
+    Under torchrun every rank trains on its shard of the dataset with gradients averaged across ranks;
+    `train.batch_size` is the global batch (robotft.distributed). Rank 0 writes checkpoints and logs."""
+    with distributed(resolve_device(cfg.train.device)) as ctx:
+        return _pretrain(cfg, policy_cfg, resume, ctx)
+
+
+def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, ctx: DistContext) -> Path:
     from robotft.envs.factory import make_env
 
-    device = resolve_device(cfg.train.device)
+    device = ctx.device(resolve_device(cfg.train.device))
     torch.manual_seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
     out = Path(cfg.out)
     buffer = ReplayBuffer.open(cfg.data)
     env_spec = _env_spec(cfg.env)
     check_dataset_matches_env(buffer, env_spec, policy_cfg)
-    spec = EnvSpec(observations={k: buffer.features[k] for k in policy_cfg.obs_keys}, action=env_spec.action)
+    spec = EnvSpec(observations={k: _with_env_names(buffer.features[k], env_spec.observations.get(k))
+                                 for k in policy_cfg.obs_keys}, action=env_spec.action)
 
     start_step = 0
     resume_state = None
     previous = ckpt_io.resume_checkpoint(out) if resume else None
     if previous is not None:
         prev = ckpt_io.read_checkpoint(previous)
-        _check_same_policy_config(prev.config["policy"], to_dict(policy_cfg), previous)
+        built = dataclasses.replace(policy_cfg, image_encoder=image_encoder_without_file(policy_cfg.image_encoder))
+        _check_same_policy_config(prev.config["policy"], to_dict(built), previous)
         resume_state = prev.training_state()
         normalizer = prev.normalizer
         start_step = int(prev.meta["step"])
@@ -155,17 +162,16 @@ def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = F
         optimizer.load_state_dict(resume_state["optimizer"])
         scheduler.load_state_dict(resume_state["scheduler"])
         torch.set_rng_state(resume_state["torch_rng"])
+    ctx.broadcast_parameters(policy.state_dict().values())
+    if ctx.rank > 0:  # each rank its own noise/timestep stream; rank 0's is the single-process one
+        torch.manual_seed(ctx.seed(cfg.train.seed) + start_step)
 
     sampler = SequenceSampler(buffer, policy_cfg.obs_keys, policy_cfg.obs_steps, policy_cfg.horizon_steps)
-    generator = torch.Generator().manual_seed(cfg.train.seed + start_step)
-    loader = torch.utils.data.DataLoader(
-        sampler, batch_size=cfg.train.batch_size, shuffle=True, drop_last=len(sampler) > cfg.train.batch_size,
-        generator=generator,
-    )
-    batches = _infinite(loader)
+    batches = infinite_batches(sampler, cfg.train.batch_size, cfg.train.seed + start_step, ctx.rank, ctx.world_size)
     run_config = {"stage": "pretrain", **to_dict(cfg)}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({"run": run_config, "policy": to_dict(policy.config)}, indent=2))
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps({"run": run_config, "policy": to_dict(policy.config)}, indent=2))
 
     def save(step: int, metrics: dict[str, Any]) -> None:
         ckpt_io.save_run_checkpoint(
@@ -184,9 +190,10 @@ def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = F
         )
 
     metrics: dict[str, Any] = {}
-    with RunLogger(out, resume_step=start_step if previous is not None else None) as log:
+    logger = RunLogger(out, resume_step=start_step if previous is not None else None) if ctx.is_main else NullLogger()
+    with logger as log:
         bar = tqdm(range(start_step, cfg.train.steps), desc="pretrain", initial=start_step,
-                   total=cfg.train.steps, dynamic_ncols=True, file=sys.stderr)
+                   total=cfg.train.steps, dynamic_ncols=True, file=sys.stderr, disable=not ctx.is_main)
         t0, last_log = time.perf_counter(), start_step
         for step in bar:
             policy.train()
@@ -194,6 +201,7 @@ def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = F
             loss, loss_metrics = policy.loss(batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            ctx.all_reduce_gradients(policy.parameters())
             if cfg.train.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.train.grad_clip)
             optimizer.step()
@@ -204,10 +212,11 @@ def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = F
                 elapsed = time.perf_counter() - t0
                 rate = (done - last_log) * cfg.train.batch_size / max(elapsed, 1e-9)
                 t0, last_log = time.perf_counter(), done
-                log.log(done, {"train/loss": loss.item(), "train/lr": scheduler.get_last_lr()[0],
+                mean_loss = ctx.mean(loss.item())
+                log.log(done, {"train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0],
                                "train/samples_per_s": rate, **{f"train/{k}": v for k, v in loss_metrics.items()}})
-                bar.set_postfix(loss=f"{loss.item():.4f}")
-            want_eval = cfg.train.eval_episodes > 0 and (
+                bar.set_postfix(loss=f"{mean_loss:.4f}")
+            want_eval = ctx.is_main and cfg.train.eval_episodes > 0 and (
                 done == cfg.train.steps or (cfg.train.eval_every > 0 and done % cfg.train.eval_every == 0)
             )
             if want_eval:
@@ -218,7 +227,7 @@ def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = F
                 log.log(done, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return})
                 tqdm.write(f"step {done}: success {result.success_rate:.2f} "
                            f"(95% CI {result.ci95[0]:.2f}-{result.ci95[1]:.2f})", file=sys.stderr)
-            if done % cfg.train.save_every == 0 or done == cfg.train.steps:
+            if ctx.is_main and (done % cfg.train.save_every == 0 or done == cfg.train.steps):
                 save(done, metrics)
         bar.close()
     return out
@@ -249,6 +258,15 @@ def evaluate_in_env(policy: Policy, env_cfg: EnvConfig, episodes: int, num_envs:
         return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, episodes, seed=seed)
     finally:
         env.close()
+
+
+def _with_env_names(feature: FeatureSpec, env_feature: FeatureSpec | None) -> FeatureSpec:
+    """The dataset's feature, with the env's per-dimension names when the dataset has none (imported
+    ManiSkill trajectories do not record them), so that the checkpoint names each state dimension for
+    the rig that deploys it (robotft.real_robot.rig)."""
+    if feature.names or env_feature is None or not env_feature.names or env_feature.shape != feature.shape:
+        return feature
+    return dataclasses.replace(feature, names=env_feature.names)
 
 
 def _env_spec(env_cfg: EnvConfig) -> EnvSpec:

@@ -40,6 +40,19 @@ class RunLogger:
         self.close()
 
 
+class NullLogger:
+    """The logger of a process that must not write the run's logs (torchrun ranks other than 0)."""
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        """Drop the scalars: rank 0 logs for the whole job."""
+
+    def __enter__(self) -> NullLogger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
 def read_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():

@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+# MuJoCo fixes its OpenGL backend when it is first imported, and mani_skill imports mujoco: without this,
+# a ManiSkill test that runs first leaves MuJoCo on GLFW (no display here) and every later simulated
+# camera fails with "gladLoadGL error". EGL renders headless (robotft.real_robot.sim_franka.import_mujoco).
+os.environ.setdefault("MUJOCO_GL", "egl")
+
 
 def _console_script() -> str:
     """The `robotft` script next to the running interpreter (the venv's), else the one on PATH."""

@@ -1,8 +1,10 @@
 """ManiSkill3 demonstrations without downloads: motion planning → replay into a control mode → import.
 
 ManiSkill's motion planner records `pd_joint_pos` trajectories without observations; its replay tool
-re-simulates them in the target control mode (e.g. `pd_ee_delta_pose`) and observation mode and
-writes a new .h5/.json pair, which `import_maniskill_h5` turns into a robotft store. Both ManiSkill
+re-simulates them in the target control mode (e.g. `pd_ee_delta_pose`) and observation mode (`state`, or
+`rgb` for camera images) and writes a new .h5/.json pair, which `import_maniskill_h5` turns into a robotft
+store. The env config's `kwargs` (e.g. `sensor_configs: {width: 64, height: 64}` for small camera images)
+are written into the planned trajectory's metadata, which the replay tool builds its env from. Both ManiSkill
 tools run as subprocesses on the CPU backend (mplib segfaults under some numpy builds; a crash there
 must not take the caller down).
 """
@@ -25,6 +27,8 @@ from robotft.config import EnvConfig
 from robotft.datasets.store import DatasetError, DatasetWriter
 from robotft.specs import ActionSpec, FeatureSpec
 
+OBS_MODES = ("state", "rgb")
+"""Observation modes the importer reads (what the replay tool's `-o` wrote)."""
 DEFAULT_FPS = 20.0
 """ManiSkill's default control frequency, used when the trajectory metadata does not record one."""
 
@@ -101,7 +105,11 @@ def generate_maniskill_demos(
             progress,
         )
         planned_h5 = tmp / env_cfg.task / "motionplanning" / "plan.h5"
-        planned = len(_read_json(planned_h5.with_suffix(".json"))["episodes"])
+        plan_meta = _read_json(planned_h5.with_suffix(".json"))
+        planned = len(plan_meta["episodes"])
+        if env_cfg.kwargs:
+            plan_meta["env_info"]["env_kwargs"].update(env_cfg.kwargs)
+            planned_h5.with_suffix(".json").write_text(json.dumps(plan_meta))
         t1 = time.perf_counter()
         _run_streaming(
             [
@@ -165,11 +173,14 @@ def import_maniskill_h5(
     only_success: bool = True,
     task: str = "",
 ) -> dict[str, Any]:
-    """Convert a ManiSkill trajectory file (+ its sibling .json) with flat `state` observations.
+    """Convert a ManiSkill trajectory file (+ its sibling .json) recorded with obs_mode `state` or `rgb`.
 
-    Per episode `traj_<id>`: `obs` `[T+1, D]` (the last observation is dropped so `state[t]` pairs
-    with `action[t]`), `actions` `[T, A]`, and `rewards` / `success` `[T]` where present. Everything
-    is read and checked before anything is written, so a bad file leaves `out` untouched.
+    Per episode `traj_<id>`: `obs` `[T+1, D]` (obs_mode `state`) or, for `rgb`, the group `obs` whose
+    `agent` and `extra` leaves are flattened into `state` (in recorded order, as the ManiSkill env adapter
+    flattens them) and whose `sensor_data/<camera>/rgb` `[T+1, H, W, 3]` uint8 become `rgb/<camera>`; the
+    last observation is dropped so `obs[t]` pairs with `action[t]`. Also `actions` `[T, A]`, and
+    `rewards` / `success` `[T]` where present. Everything is read and checked before anything is written,
+    so a bad file leaves `out` untouched (images too are held in memory until then).
     `control_mode`, when given, must equal the file's. `task` defaults to the ManiSkill env id.
 
     Returns `{"episodes", "successes", "kept", "steps", "state_dim", "act_dim"}`.
@@ -190,10 +201,11 @@ def import_maniskill_h5(
             f"{h5_path}: control mode is {file_mode!r} (env_info.env_kwargs.control_mode), expected "
             f"{control_mode!r}; convert it with mani_skill.trajectory.replay_trajectory -c {control_mode}"
         )
-    if env_kwargs.get("obs_mode") != "state":
+    obs_mode = env_kwargs.get("obs_mode")
+    if obs_mode not in OBS_MODES:
         raise DatasetError(
-            f"{h5_path}: obs_mode is {env_kwargs.get('obs_mode')!r} (env_info.env_kwargs.obs_mode), "
-            f"expected 'state'; replay it with -o state"
+            f"{h5_path}: obs_mode is {obs_mode!r} (env_info.env_kwargs.obs_mode), expected one of "
+            f"{OBS_MODES}; replay it with -o state or -o rgb"
         )
 
     episodes: list[dict[str, np.ndarray]] = []
@@ -204,7 +216,7 @@ def import_maniskill_h5(
                 raise DatasetError(
                     f"{h5_path.with_suffix('.json')}: an entry of 'episodes' has no 'episode_id'"
                 )
-            data = _read_episode(f, h5_path, f"traj_{ep['episode_id']}")
+            data = _read_episode(f, h5_path, f"traj_{ep['episode_id']}", obs_mode)
             success = bool(ep.get("success", data["success"][-1] if "success" in data else False))
             successes += success
             if success or not only_success:
@@ -225,6 +237,9 @@ def import_maniskill_h5(
         # pd_ee_delta_pose actions are in [-1, 1]; the controller scales them to metres and radians.
         "action": FeatureSpec("action", (act_dim,), "float32", unit="normalized", frame="robot_base"),
     }
+    for key in sorted(k for k in keys if k.startswith("rgb/")):
+        shape = episodes[0][key].shape[1:]
+        features[key] = FeatureSpec(key, shape, "uint8", unit="rgb8", frame="camera")
     if "reward" in keys:
         features["reward"] = FeatureSpec("reward", (), "float32", unit=env_kwargs.get("reward_mode", ""))
     if "success" in keys:
@@ -260,28 +275,24 @@ def import_maniskill_h5(
     }
 
 
-def _read_episode(f: Any, h5_path: Path, name: str) -> dict[str, np.ndarray]:
-    """One episode group → `{state, action[, reward][, success]}` with obs[T] dropped."""
-    import h5py
-
+def _read_episode(f: Any, h5_path: Path, name: str, obs_mode: str) -> dict[str, np.ndarray]:
+    """One episode group → `{state[, rgb/<camera>...], action[, reward][, success]}` with obs[T] dropped."""
     if name not in f:
         raise DatasetError(f"{h5_path}: missing group {name!r} listed in the .json episodes")
     g = f[name]
     for key in ("obs", "actions"):
         if key not in g:
             raise DatasetError(f"{h5_path}: {name}/{key} missing")
-    if not isinstance(g["obs"], h5py.Dataset) or g["obs"].ndim != 2:
-        raise DatasetError(
-            f"{h5_path}: {name}/obs is not a flat [T+1, D] state array (obs_mode 'state' expected)"
-        )
     actions = g["actions"][:]
-    obs = g["obs"][:]
-    if actions.ndim != 2 or len(obs) != len(actions) + 1:
-        raise DatasetError(
-            f"{h5_path}: {name}: obs has {len(obs)} steps and actions shape {actions.shape}, "
-            f"expected obs [T+1, D] and actions [T, A]"
-        )
-    out = {"state": obs[:-1].astype(np.float32), "action": actions.astype(np.float32)}
+    obs = _read_state_obs(g, h5_path, name) if obs_mode == "state" else _read_rgb_obs(g, h5_path, name)
+    for key, x in obs.items():
+        if actions.ndim != 2 or len(x) != len(actions) + 1:
+            raise DatasetError(
+                f"{h5_path}: {name}: obs {key!r} has {len(x)} steps and actions shape {actions.shape}, "
+                f"expected obs [T+1, ...] and actions [T, A]"
+            )
+    out = {key: x[:-1] for key, x in obs.items()}
+    out["action"] = actions.astype(np.float32)
     if "rewards" in g:
         out["reward"] = g["rewards"][:].astype(np.float32)
     if "success" in g:
@@ -289,6 +300,55 @@ def _read_episode(f: Any, h5_path: Path, name: str) -> dict[str, np.ndarray]:
     for key, x in out.items():
         if len(x) != len(actions):
             raise DatasetError(f"{h5_path}: {name}: {key} has {len(x)} steps, expected {len(actions)}")
+    return out
+
+
+def _read_state_obs(g: Any, h5_path: Path, name: str) -> dict[str, np.ndarray]:
+    """obs_mode `state`: the flat `obs` `[T+1, D]`."""
+    import h5py
+
+    if not isinstance(g["obs"], h5py.Dataset) or g["obs"].ndim != 2:
+        raise DatasetError(
+            f"{h5_path}: {name}/obs is not a flat [T+1, D] state array (obs_mode 'state' expected)"
+        )
+    return {"state": g["obs"][:].astype(np.float32)}
+
+
+def _read_rgb_obs(g: Any, h5_path: Path, name: str) -> dict[str, np.ndarray]:
+    """obs_mode `rgb`: `state` from the `agent` and `extra` leaves, `rgb/<camera>` from `sensor_data`."""
+    import h5py
+
+    obs = g["obs"]
+    if not isinstance(obs, h5py.Group) or "agent" not in obs or "sensor_data" not in obs:
+        raise DatasetError(
+            f"{h5_path}: {name}/obs is not a group with 'agent' and 'sensor_data' (obs_mode 'rgb' expected)"
+        )
+    leaves = [leaf for part in ("agent", "extra") if part in obs for leaf in _leaves(obs[part])]
+    out = {"state": np.concatenate(leaves, axis=1).astype(np.float32)}
+    for camera, data in obs["sensor_data"].items():
+        if "rgb" not in data:
+            continue
+        rgb = data["rgb"][:]
+        if rgb.dtype != np.uint8 or rgb.ndim != 4 or rgb.shape[-1] != 3:
+            raise DatasetError(
+                f"{h5_path}: {name}/obs/sensor_data/{camera}/rgb is {rgb.dtype} {rgb.shape}, "
+                f"expected uint8 [T+1, H, W, 3]"
+            )
+        out[f"rgb/{camera}"] = rgb
+    if len(out) == 1:
+        raise DatasetError(f"{h5_path}: {name}/obs/sensor_data has no camera with an 'rgb' image")
+    return out
+
+
+def _leaves(group: Any) -> list[np.ndarray]:
+    """Depth-first `[T+1, -1]` leaves of a group. ManiSkill records with track_order=True, so iterating a
+    group follows the env's own dict order, the order the env adapter flattens `state` in (h5py's
+    `visititems` would go alphabetically instead)."""
+    import h5py
+
+    out = []
+    for item in group.values():
+        out.extend(_leaves(item) if isinstance(item, h5py.Group) else [item[:].reshape(len(item), -1)])
     return out
 
 

@@ -7,7 +7,7 @@ action past its end. Windows never cross an episode boundary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -93,3 +93,39 @@ class SequenceSampler(torch.utils.data.Dataset):
                 lo = int(obs_idx[0])
                 obs[key] = arr[lo : t + 1][obs_idx - lo]
         return {"obs": obs, "action": np.asarray(self._arrays["action"][act_idx], dtype=np.float32)}
+
+
+def infinite_batches(dataset: torch.utils.data.Dataset, batch_size: int, seed: int, rank: int = 0,
+                     world_size: int = 1) -> Iterator[dict]:
+    """Shuffled batches of `dataset` forever, this rank's share of a global batch of `batch_size`.
+
+    One process: a reshuffled pass per epoch drawn from a generator seeded with `seed`. `world_size`
+    processes (torchrun): every epoch one permutation (seeded by `seed` and the epoch, the same on all
+    ranks) is dealt round-robin into disjoint per-rank shards (torch's DistributedSampler), and each rank
+    draws `batch_size / world_size` samples per step, so the ranks' batches together are one global batch
+    of `batch_size` distinct samples, as in the single-process run.
+    """
+    if batch_size < 1 or batch_size % world_size:
+        raise ValueError(f"train.batch_size {batch_size} must be a positive multiple of the number of "
+                         f"processes ({world_size}): each rank draws batch_size / world_size samples")
+    per_rank = batch_size // world_size
+    if world_size == 1:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=per_rank, shuffle=True,
+                                             drop_last=len(dataset) > per_rank,
+                                             generator=torch.Generator().manual_seed(seed))
+        return _epochs(loader, None)
+    shards = torch.utils.data.DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                                 seed=seed)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=per_rank, sampler=shards,
+                                         drop_last=len(shards) > per_rank)
+    return _epochs(loader, shards)
+
+
+def _epochs(loader: torch.utils.data.DataLoader,
+            shards: torch.utils.data.DistributedSampler | None) -> Iterator[dict]:
+    epoch = 0
+    while True:
+        if shards is not None:
+            shards.set_epoch(epoch)  # a new shuffle per epoch, the same on every rank
+        yield from loader
+        epoch += 1

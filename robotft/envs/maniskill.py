@@ -14,11 +14,7 @@ mani_skill is imported lazily, inside the functions that build envs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import multiprocessing as mp
-import time
-import traceback
 import warnings
 from typing import Any
 
@@ -27,14 +23,10 @@ import torch
 
 from robotft.config import EnvConfig
 from robotft.envs.base import BatchedEnv, Obs
+from robotft.envs.workers import PooledEnv, WorkerError, WorkerPool  # noqa: F401 - WorkerError re-exported for callers
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 INSTALL_HINT = "pip install robotft[maniskill]"
-STARTUP_TIMEOUT_S = 300.0
-"""How long a worker may take to import ManiSkill and build its env (software Vulkan is slow)."""
-STEP_TIMEOUT_S = 120.0
-"""How long one worker command (reset, step, render) may take before the pool gives up."""
-_POLL_S = 0.05
 
 
 def resolve_sim_backend(sim_backend: str) -> str:
@@ -50,7 +42,7 @@ def resolve_sim_backend(sim_backend: str) -> str:
     return sim_backend
 
 
-class ManiSkillEnv(BatchedEnv):
+class ManiSkillEnv(PooledEnv):
     """A ManiSkill3 task as a BatchedEnv; picks the in-process or the worker-process implementation.
 
     Observations: obs_mode `state` -> `{"state": [B, D] float32}`; obs_mode `rgb` -> `rgb/<camera>`
@@ -62,30 +54,10 @@ class ManiSkillEnv(BatchedEnv):
     def __init__(self, cfg: EnvConfig, device: str | torch.device = "cpu") -> None:
         sim_backend = resolve_sim_backend(cfg.sim_backend)
         if sim_backend == "physx_cpu" and cfg.num_envs > 1:
-            self._impl: BatchedEnv = _WorkerPool(cfg, device)
+            worker_cfg = dataclasses.replace(cfg, num_envs=1, sim_backend="physx_cpu")
+            self._use(WorkerPool(_build_worker_env, worker_cfg, cfg.num_envs, device, "ManiSkill"))
         else:
-            self._impl = _RawManiSkill(cfg, sim_backend, device)
-        self.num_envs = self._impl.num_envs
-        self.device = self._impl.device
-        self.spec = self._impl.spec
-        self.max_episode_steps = self._impl.max_episode_steps
-
-    @property
-    def worker_pids(self) -> list[int]:
-        """Process ids of the CPU worker processes; empty when simulating in this process."""
-        return self._impl.pids if isinstance(self._impl, _WorkerPool) else []
-
-    def reset(self, seed: int | None = None, env_ids: torch.Tensor | None = None) -> Obs:
-        return self._impl.reset(seed=seed, env_ids=env_ids)
-
-    def step(self, action: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-        return self._impl.step(action)
-
-    def render_rgb(self) -> torch.Tensor | None:
-        return self._impl.render_rgb()
-
-    def close(self) -> None:
-        self._impl.close()
+            self._use(_RawManiSkill(cfg, sim_backend, device))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -101,6 +73,9 @@ class _RawManiSkill(BatchedEnv):
         self.obs_mode = cfg.obs_mode
         if cfg.obs_mode not in ("state", "rgb"):
             raise ValueError(f"env.obs_mode {cfg.obs_mode!r}: the ManiSkill adapter supports state and rgb")
+        if sim_backend == "physx_cuda" and self.device.index is not None:
+            # One GPU per torchrun rank: simulate on this process's GPU, not on ManiSkill's default cuda:0.
+            sim_backend = f"physx_cuda:{self.device.index}"
         self._env = gym.make(
             cfg.task,
             num_envs=cfg.num_envs,
@@ -111,6 +86,11 @@ class _RawManiSkill(BatchedEnv):
             render_mode="rgb_array",
             **cfg.kwargs,
         ).unwrapped
+        self._randomizer = None
+        if cfg.randomization.active_physical():
+            from robotft.envs.maniskill_randomization import ManiSkillRandomizer
+
+            self._randomizer = ManiSkillRandomizer(self._env, cfg.randomization, sim_backend)
         if abs(self._env.control_freq - cfg.control_hz) > 1e-6:
             warnings.warn(
                 f"env.control_hz is {cfg.control_hz} but {cfg.task} runs at {self._env.control_freq} Hz; "
@@ -118,11 +98,18 @@ class _RawManiSkill(BatchedEnv):
                 stacklevel=2,
             )
         self._elapsed = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
-        first = self._convert_obs(self._env.reset()[0])
-        self.spec = _make_spec(first, self._env.single_action_space, cfg.control_mode, self._env.control_freq)
+        raw, _ = self._env.reset()
+        first = self._convert_obs(raw)
+        # The flat `state` has no structure left; the unflattened dict names each of its dimensions.
+        tree = self._env.get_obs(unflattened=True) if cfg.obs_mode == "state" else raw
+        self.spec = _make_spec(
+            first, self._env.single_action_space, cfg.control_mode, self._env.control_freq, _state_names(tree)
+        )
 
     def reset(self, seed: int | None = None, env_ids: torch.Tensor | None = None) -> Obs:
         options = {} if env_ids is None else {"env_idx": env_ids.to(self._env.device, torch.long)}
+        if self._randomizer is not None:
+            options.update(self._randomizer.reset_options(seed))
         # ManiSkill takes one seed per env (length num_envs); a partial reset uses only its envs' seeds.
         seeds = None if seed is None else [seed + i for i in range(self.num_envs)]
         obs, _ = self._env.reset(seed=seeds, options=options)
@@ -197,14 +184,35 @@ def _flatten(tree: dict) -> torch.Tensor | None:
     return torch.cat(leaves, dim=-1) if leaves else None
 
 
-def _make_spec(obs: Obs, action_space: Any, control_mode: str, control_hz: float) -> EnvSpec:
+def _state_names(tree: dict) -> tuple[str, ...]:
+    """Per-dimension names of the flat `state` (`agent/qpos/0`, ..., `extra/tcp_pose/6`, `extra/goal_pos/0`),
+    in `_flatten`'s order over the `agent` and `extra` parts of ManiSkill's unflattened observation, so a
+    rig can map each named segment to a source (robotft.real_robot.rig)."""
+
+    def walk(node: dict, prefix: str) -> list[str]:
+        names = []
+        for key, value in node.items():
+            if isinstance(value, dict):
+                names += walk(value, f"{prefix}{key}/")
+            elif value is not None:
+                size = int(np.prod(value.shape[1:]))
+                names += [f"{prefix}{key}"] if value.ndim == 1 else [f"{prefix}{key}/{i}" for i in range(size)]
+        return names
+
+    return tuple(walk({k: tree[k] for k in ("agent", "extra") if k in tree}, ""))
+
+
+def _make_spec(
+    obs: Obs, action_space: Any, control_mode: str, control_hz: float, state_names: tuple[str, ...] = ()
+) -> EnvSpec:
     features = {}
     for key, value in obs.items():
         shape, dtype = tuple(value.shape[1:]), str(value.dtype).removeprefix("torch.")
         if key.startswith("rgb/"):
             features[key] = FeatureSpec(key, shape, dtype, unit="rgb8", frame="camera")
         else:
-            features[key] = FeatureSpec(key, shape, dtype, unit="mixed", frame="world")
+            names = state_names if key == "state" and (len(state_names),) == shape else ()
+            features[key] = FeatureSpec(key, shape, dtype, unit="mixed", frame="world", names=names)
     low, high = np.asarray(action_space.low, dtype=float), np.asarray(action_space.high, dtype=float)
     action = ActionSpec(
         control_mode,
@@ -218,170 +226,9 @@ def _make_spec(obs: Obs, action_space: Any, control_mode: str, control_hz: float
 
 
 # --------------------------------------------------------------------------------------------------
-# CPU, num_envs > 1: one _RawManiSkill per worker process, commands and numpy results over pipes.
+# CPU, num_envs > 1: one _RawManiSkill per worker process (robotft.envs.workers).
 
 
-class WorkerError(RuntimeError):
-    """A worker process crashed, raised, or did not answer in time; the message names the worker."""
-
-
-def _worker_main(conn: Any, cfg: EnvConfig) -> None:
-    """Entry point of a worker process: build one CPU env, then serve (command, argument) pairs."""
-    # One env per process is single-threaded physics; extra torch threads would only oversubscribe
-    # the cores the other workers use.
-    torch.set_num_threads(1)
-    env = None
-    try:
-        env = _RawManiSkill(cfg, "physx_cpu", "cpu")
-        conn.send(("ok", (env.spec.to_dict(), env.max_episode_steps)))
-        while True:
-            cmd, arg = conn.recv()
-            if cmd == "close":
-                break
-            if cmd == "reset":
-                result = env.reset(seed=arg)
-            elif cmd == "step":
-                result = env.step(torch.from_numpy(arg))
-            elif cmd == "render":
-                result = env.render_rgb()
-            else:
-                raise ValueError(f"unknown worker command {cmd!r}")
-            conn.send(("ok", _to_numpy(result)))
-    except KeyboardInterrupt:
-        pass
-    except BaseException:  # report any failure, with its traceback, to the parent before exiting
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        if env is not None:
-            env.close()
-        conn.close()
-
-
-def _to_numpy(tree: Any) -> Any:
-    """Tensors -> numpy arrays throughout a result; numpy pickles compactly over a pipe."""
-    if isinstance(tree, torch.Tensor):
-        return tree.numpy()
-    if isinstance(tree, dict):
-        return {k: _to_numpy(v) for k, v in tree.items()}
-    if isinstance(tree, tuple):
-        return tuple(_to_numpy(v) for v in tree)
-    return tree
-
-
-class _WorkerPool(BatchedEnv):
-    def __init__(self, cfg: EnvConfig, device: str | torch.device) -> None:
-        self.num_envs = cfg.num_envs
-        self.device = torch.device(device)
-        # spawn: a fresh interpreter per worker; forking a process that holds torch or Vulkan state is unsafe.
-        ctx = mp.get_context("spawn")
-        worker_cfg = dataclasses.replace(cfg, num_envs=1, sim_backend="physx_cpu")
-        self._conns, self._procs = [], []
-        for i in range(self.num_envs):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(
-                target=_worker_main, args=(child, worker_cfg), name=f"maniskill-worker-{i}", daemon=True
-            )
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
-        # The latest observation of every env, so that a partial reset can return all of them.
-        self._obs: Obs = {}
-        try:
-            ready = [self._recv(i, STARTUP_TIMEOUT_S) for i in range(self.num_envs)]
-            self.reset()
-        except BaseException:
-            self.close()
-            raise
-        spec_dict, self.max_episode_steps = ready[0]
-        self.spec = EnvSpec.from_dict(spec_dict)
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
-
-    def reset(self, seed: int | None = None, env_ids: torch.Tensor | None = None) -> Obs:
-        ids = range(self.num_envs) if env_ids is None else [int(i) for i in env_ids]
-        for i in ids:
-            self._send(i, "reset", None if seed is None else seed + i)
-        fresh = {i: self._recv(i) for i in ids}
-        if env_ids is None:
-            self._obs = self._stack([fresh[i] for i in ids])
-        else:
-            for i, obs in fresh.items():
-                for k, v in obs.items():
-                    self._obs[k][i] = torch.from_numpy(v[0]).to(self.device)
-        return {k: v.clone() for k, v in self._obs.items()}
-
-    def step(self, action: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-        if tuple(action.shape) != (self.num_envs, self.spec.action.dim):
-            raise ValueError(
-                f"ManiSkill step: action must be [{self.num_envs}, {self.spec.action.dim}], got {list(action.shape)}"
-            )
-        actions = action.detach().to("cpu", torch.float32).numpy()
-        for i in range(self.num_envs):
-            self._send(i, "step", actions[i : i + 1])
-        results = [self._recv(i) for i in range(self.num_envs)]
-        obs, reward, terminated, truncated, info = (self._stack([r[j] for r in results]) for j in range(5))
-        self._obs = obs
-        return {k: v.clone() for k, v in obs.items()}, reward, terminated, truncated, info
-
-    def render_rgb(self) -> torch.Tensor | None:
-        for i in range(self.num_envs):
-            self._send(i, "render", None)
-        frames = [self._recv(i) for i in range(self.num_envs)]
-        if any(f is None for f in frames):
-            return None
-        return torch.from_numpy(np.concatenate(frames)).to(self.device)
-
-    def close(self) -> None:
-        for conn, proc in zip(self._conns, self._procs, strict=True):
-            if proc.is_alive():
-                with contextlib.suppress(OSError):  # its end of the pipe may already be gone
-                    conn.send(("close", None))
-        for conn, proc in zip(self._conns, self._procs, strict=True):
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=5)
-            conn.close()
-        self._conns, self._procs = [], []
-
-    def _stack(self, parts: list[Any]) -> Any:
-        """Concatenate per-worker numpy results (`[1, ...]` leaves) into `[B, ...]` tensors."""
-        if isinstance(parts[0], dict):
-            return {k: self._stack([p[k] for p in parts]) for k in parts[0]}
-        return torch.from_numpy(np.concatenate(parts)).to(self.device)
-
-    def _send(self, i: int, cmd: str, arg: Any) -> None:
-        try:
-            self._conns[i].send((cmd, arg))
-        except OSError as e:
-            raise WorkerError(self._describe_death(i, f"could not send {cmd!r}: {e}")) from e
-
-    def _recv(self, i: int, timeout_s: float = STEP_TIMEOUT_S) -> Any:
-        """Wait for worker `i`'s answer, polling so that a dead or stuck worker raises instead of hanging."""
-        conn, proc = self._conns[i], self._procs[i]
-        deadline = time.monotonic() + timeout_s
-        while not conn.poll(_POLL_S):
-            if not proc.is_alive() and not conn.poll(0):
-                raise WorkerError(self._describe_death(i, "died"))
-            if time.monotonic() > deadline:
-                raise WorkerError(
-                    f"ManiSkill worker {i} (pid {proc.pid}) did not answer within {timeout_s:.0f} s"
-                )
-        try:
-            status, payload = conn.recv()
-        except (EOFError, OSError) as e:  # the worker died mid-message or closed its end
-            raise WorkerError(self._describe_death(i, f"closed its pipe ({e!r})")) from e
-        if status == "error":
-            raise WorkerError(f"ManiSkill worker {i} (pid {proc.pid}) failed:\n{payload}")
-        return payload
-
-    def _describe_death(self, i: int, what: str) -> str:
-        proc = self._procs[i]
-        proc.join(timeout=1)
-        return (
-            f"ManiSkill worker {i} (pid {proc.pid}) {what}; exit code {proc.exitcode} "
-            "(negative = killed by that signal number)"
-        )
+def _build_worker_env(cfg: EnvConfig) -> BatchedEnv:
+    """The env of one CPU worker process (module level: the worker pool pickles it by name)."""
+    return _RawManiSkill(cfg, "physx_cpu", "cpu")

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from robotft.datasets.normalizer import Normalizer
+from robotft.policies.vision import ImageEncoderConfig
 from robotft.specs import EnvSpec
 
 Obs = dict[str, torch.Tensor]
@@ -33,6 +34,8 @@ class PolicyConfig:
     """Steps executed from each predicted chunk before re-planning (receding horizon)."""
     normalizer_mode: str = "minmax"
     """How states and actions are normalized: `minmax` (to [-1, 1]) or `meanstd`."""
+    image_encoder: ImageEncoderConfig = dataclasses.field(default_factory=ImageEncoderConfig)
+    """Encoder of the `rgb/<camera>` keys in `obs_keys` (robotft.policies.vision); unused without image keys."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.act_steps <= self.horizon_steps:
@@ -108,7 +111,8 @@ def build_policy(config: Any, spec: EnvSpec, normalizer: Normalizer) -> Policy:
     return _REGISTRY[config.type].factory(config, spec, normalizer)
 
 
-_BUILTINS = ("robotft.policies.diffusion", "robotft.policies.gaussian", "robotft.policies.residual", "robotft.policies.flow")
+_BUILTINS = ("robotft.policies.diffusion", "robotft.policies.gaussian", "robotft.policies.residual", "robotft.policies.flow",
+             "robotft.policies.meanflow", "robotft.policies.flow_vlm", "robotft.policies.lerobot_policy")
 
 
 def _import_builtin_policies() -> None:

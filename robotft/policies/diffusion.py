@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ from robotft.policies.denoising_chain import (
     gaussian_logprob,
     gaussian_logprob_elementwise,
 )
-from robotft.policies.encoders import check_chunk, flatten_obs, low_dim_obs_shapes, sinusoidal_embedding
+from robotft.policies.encoders import ObsEncoder, check_chunk, sinusoidal_embedding
 from robotft.policies.unet import NoiseUNet1D, check_unet_horizon
 from robotft.specs import EnvSpec
 
@@ -233,22 +232,27 @@ class NoiseMLP(nn.Module):
 class DiffusionPolicy(Policy):
     """Diffusion policy over normalized action chunks `[B, H, A]`, conditioned on the obs history.
 
-    Networks: `net` is trained by BC; `ema_net` (when `ema_decay > 0`) is its EMA, which is the model
-    that samples and ships during pretraining. `enable_finetuning(k)` loads the EMA weights into `net`,
-    freezes it, drops the EMA, and adds `ft_net`, a trainable copy used for the last k transitions.
+    Networks: `obs_encoder` (the shared ObsEncoder: low-dim keys, and a ResNet per camera for image keys)
+    and `net` are trained by BC; `ema_obs_encoder` and `ema_net` (when `ema_decay > 0`) are their EMA, which
+    is the model that samples and ships during pretraining (diffusion_policy keeps one EMA of encoder and
+    noise net alike). `enable_finetuning(k)` loads the EMA weights into `obs_encoder` and `net`, freezes both,
+    drops the EMA, and adds `ft_net`, a trainable copy of `net` used for the last k transitions (the
+    observation encoder stays frozen while fine-tuning).
     """
 
     def __init__(self, config: DiffusionPolicyConfig, spec: EnvSpec, normalizer: Normalizer):
         super().__init__()
-        self.config = dataclasses.replace(config)  # enable_finetuning edits it; keep the caller's intact
         self.spec = spec
         self.normalizer = normalizer
         if spec.action is None:
             raise ValueError("diffusion policy: the env spec has no action spec")
-        self.obs_shapes = low_dim_obs_shapes(config, spec, normalizer, "diffusion_mlp")
+        self.obs_encoder = ObsEncoder(config, spec, normalizer, "diffusion_mlp")
+        # enable_finetuning edits the config; a copy keeps the caller's intact.
+        self.config = dataclasses.replace(config, image_encoder=self.obs_encoder.image_config)
+        self.obs_shapes = self.obs_encoder.low_dim_shapes
         self.act_dim = spec.action.dim
         sample_dim = config.horizon_steps * self.act_dim
-        cond_dim = sum(math.prod(shape) for shape in self.obs_shapes.values())
+        cond_dim = self.obs_encoder.out_dim
 
         self.net: NoiseMLP | NoiseUNet1D
         if config.backbone == "unet":
@@ -264,8 +268,12 @@ class DiffusionPolicy(Policy):
         else:
             self.net = NoiseMLP(sample_dim, cond_dim, tuple(config.hidden_dims), config.time_embed_dim)
         self.ema_net: NoiseMLP | NoiseUNet1D | None = None
+        self.ema_obs_encoder: ObsEncoder | None = None
         if config.ema_decay > 0:
             self.ema_net = copy.deepcopy(self.net).requires_grad_(False)
+            # The memo shares the normalizer instead of copying it: one set of statistics per policy.
+            ema_encoder = copy.deepcopy(self.obs_encoder, memo={id(normalizer): normalizer})
+            self.ema_obs_encoder = ema_encoder.requires_grad_(False)
             self.register_buffer("ema_updates", torch.zeros((), dtype=torch.long))
         self.ft_net: NoiseMLP | NoiseUNet1D | None = None
 
@@ -295,11 +303,14 @@ class DiffusionPolicy(Policy):
     # --- conditioning and units ---
 
     def encode_obs(self, obs: Obs) -> torch.Tensor:
-        """The one place an obs dict becomes conditioning: normalized, flattened history `[B, F]`.
+        """The one place an obs dict becomes conditioning for sampling and scoring: `[B, F]`, the normalized,
+        flattened low-dim history and the image features, from the EMA encoder while one is kept (it pairs
+        with the EMA noise net that samples).
 
-        `obs[key]`: `[B, obs_steps, *feature_shape]` in env units for each of `config.obs_keys`.
+        `obs[key]`: `[B, obs_steps, *feature_shape]` in env units (uint8 pixels for `rgb/` keys).
         """
-        return flatten_obs(obs, self.obs_shapes, self.normalizer)
+        encoder = self.ema_obs_encoder if self.ema_obs_encoder is not None else self.obs_encoder
+        return encoder(obs)
 
     def _to_actions(self, x0: torch.Tensor) -> torch.Tensor:
         """Final normalized sample `[B, H*A]` → env-unit chunk `[B, H, A]` (clipped first)."""
@@ -314,7 +325,7 @@ class DiffusionPolicy(Policy):
 
         `batch`: `{"obs": Obs, "action": [B, H, A]}` in env units.
         """
-        cond = self.encode_obs(batch["obs"])
+        cond = self.obs_encoder(batch["obs"])
         check_chunk("batch['action']", batch["action"], self.config.horizon_steps, self.act_dim)
         x0 = self.normalizer.normalize("action", batch["action"]).flatten(1)
         noise = torch.randn_like(x0)
@@ -322,6 +333,14 @@ class DiffusionPolicy(Policy):
         x_t = self.scheduler.add_noise(x0, noise, t)
         loss = F.mse_loss(self.net(x_t, t, cond), noise)
         return loss, {"bc_loss": loss.item()}
+
+    def train(self, mode: bool = True) -> DiffusionPolicy:
+        """Train mode, except that a fine-tuned policy's frozen observation encoder stays in eval mode: its
+        image crops must be the same center crops when PPO re-scores a chain as when it was sampled."""
+        super().train(mode)
+        if self.ft_net is not None:
+            self.obs_encoder.eval()
+        return self
 
     def on_train_step_end(self) -> None:
         """EMA update ema ← decay · ema + (1 - decay) · net, with the warm-up of `config.ema_warmup`."""
@@ -334,8 +353,10 @@ class DiffusionPolicy(Policy):
             else self.config.ema_decay
         )
         with torch.no_grad():
-            for e, p in zip(self.ema_net.parameters(), self.net.parameters(), strict=True):
-                e.lerp_(p, 1 - decay)
+            pairs = ((self.ema_net, self.net), (self.ema_obs_encoder, self.obs_encoder))
+            for ema, live in pairs:
+                for e, p in zip(ema.parameters(), live.parameters(), strict=True):
+                    e.lerp_(p, 1 - decay)
         self.ema_updates += 1
 
     def export_state_dict(self) -> dict[str, torch.Tensor]:
@@ -345,6 +366,7 @@ class DiffusionPolicy(Policy):
             return state
         shipped = {k: v for k, v in state.items() if not k.startswith("ema_")}
         shipped.update({f"net.{k}": v for k, v in self.ema_net.state_dict().items()})
+        shipped.update({f"obs_encoder.{k}": v for k, v in self.ema_obs_encoder.state_dict().items()})
         return shipped
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, assign: bool = False) -> Any:
@@ -352,7 +374,7 @@ class DiffusionPolicy(Policy):
         no EMA entries, so the EMA starts from the weights it ships."""
         if self.ema_net is not None and "ema_updates" not in state_dict:
             state_dict = dict(state_dict)
-            net_keys = [k for k in state_dict if k.startswith("net.")]
+            net_keys = [k for k in state_dict if k.startswith(("net.", "obs_encoder."))]
             state_dict.update({"ema_" + k: state_dict[k] for k in net_keys})
             state_dict["ema_updates"] = torch.zeros((), dtype=torch.long)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
@@ -389,9 +411,12 @@ class DiffusionPolicy(Policy):
             )
         if self.ema_net is not None:
             self.net.load_state_dict(self.ema_net.state_dict())
+            self.obs_encoder.load_state_dict(self.ema_obs_encoder.state_dict())
             self.ema_net = None
+            self.ema_obs_encoder = None
             self.ema_updates = None
         self.net.requires_grad_(False)
+        self.obs_encoder.requires_grad_(False).eval()
         self.ft_net = copy.deepcopy(self.net).requires_grad_(True)
         self.config.ft_denoising_steps = ft_denoising_steps
 
@@ -420,6 +445,11 @@ class DiffusionPolicy(Policy):
         if deterministic:
             return self.sigma[index] if self.config.sampler == "ddpm" else self.sigma.new_zeros(index.shape)
         return self.sigma[index].clamp(min=min_std)
+
+    def exploration_std(self, min_std: float) -> torch.Tensor:
+        """`[K]` exploration stds max(σ_k, min_std) of the recorded (fine-tuned) transitions."""
+        index = torch.arange(self.first_recorded_step, self.num_denoising_steps, device=self.sigma.device)
+        return self._transition_std(index, min_std, deterministic=False)
 
     def _gaussian(
         self, x: torch.Tensor, eps_hat: torch.Tensor, index: torch.Tensor, min_std: float, deterministic: bool

@@ -2,8 +2,10 @@
 
 Observation tokens (the *prefix*) are encoded once per chunk; a small transformer, the action expert, maps one
 token per action step (noisy action + flow time) to a velocity, attending to itself and, by cross-attention,
-to the prefix. The prefix here is one state token from an MLP over the normalized observation history;
-`encode_prefix` is where image tokens (a vision encoder) and task-text tokens are concatenated later.
+to the prefix. The prefix is one state token from an MLP over the normalized low-dim observation history,
+followed by one image token per camera and history step (the keypoint features of the shared ResNet image
+encoder, robotft.policies.vision, projected to the token width, plus a learned embedding of which camera
+and step it is); `encode_prefix` is where task-text tokens are concatenated later.
 
 Time convention (π0 paper, Sec. IV): τ = 0 is noise, τ = 1 is data,
 
@@ -30,7 +32,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ from torch import nn
 from robotft.datasets.normalizer import Normalizer
 from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
 from robotft.policies.denoising_chain import Chain, chain_transitions, gaussian_logprob_elementwise
-from robotft.policies.encoders import check_chunk, flatten_obs, low_dim_obs_shapes, mlp, sinusoidal_embedding
+from robotft.policies.encoders import ObsEncoder, check_chunk, mlp, sinusoidal_embedding
 from robotft.specs import EnvSpec
 
 TIME_SAMPLINGS = ("beta", "uniform")
@@ -128,15 +129,18 @@ class ActionExpert(nn.Module):
     position embedding. They run through pre-norm transformer decoder layers: bidirectional self-attention
     among the action tokens and cross-attention to the prefix tokens (π0's blockwise attention, in which
     action tokens see the whole prefix and the prefix never sees the actions).
+
+    `num_times` scalar times per sample are each embedded and concatenated: 1 for the flow time τ; MeanFlow
+    (robotft.policies.meanflow) adds the interval length.
     """
 
-    def __init__(self, act_dim: int, horizon: int, config: FlowPolicyConfig):
+    def __init__(self, act_dim: int, horizon: int, config: FlowPolicyConfig, num_times: int = 1):
         super().__init__()
         width = config.width
         self.time_embed_dim = config.time_embed_dim
         self.action_in = nn.Linear(act_dim, width)
         self.action_time_mlp = nn.Sequential(
-            nn.Linear(width + config.time_embed_dim, width), nn.SiLU(), nn.Linear(width, width)
+            nn.Linear(width + num_times * config.time_embed_dim, width), nn.SiLU(), nn.Linear(width, width)
         )
         self.position = nn.Parameter(0.02 * torch.randn(horizon, width))
         layer = nn.TransformerDecoderLayer(
@@ -151,9 +155,10 @@ class ActionExpert(nn.Module):
         self.decoder = nn.TransformerDecoder(layer, config.num_layers, norm=nn.LayerNorm(width))
         self.out = nn.Linear(width, act_dim)
 
-    def forward(self, prefix: torch.Tensor, x: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
-        """`prefix` `[B, P, D]`, `x` `[B, H, A]`, `tau` `[B]` → velocity `[B, H, A]`."""
-        temb = sinusoidal_embedding(tau, self.time_embed_dim)[:, None].expand(-1, x.shape[1], -1)
+    def forward(self, prefix: torch.Tensor, x: torch.Tensor, *times: torch.Tensor) -> torch.Tensor:
+        """`prefix` `[B, P, D]`, `x` `[B, H, A]`, `times`: `num_times` tensors `[B]` → velocity `[B, H, A]`."""
+        temb = torch.cat([sinusoidal_embedding(t, self.time_embed_dim) for t in times], dim=-1)
+        temb = temb[:, None].expand(-1, x.shape[1], -1)
         tokens = self.action_time_mlp(torch.cat([self.action_in(x), temb], dim=-1)) + self.position
         return self.out(self.decoder(tokens, prefix))
 
@@ -164,13 +169,24 @@ class ActionExpert(nn.Module):
 class FlowPolicy(Policy):
     """Flow-matching policy over normalized action chunks `[B, H, A]`, conditioned on prefix tokens."""
 
+    instantaneous_velocity = True
+    """`velocity()` is the flow's instantaneous velocity v(x, τ), which the SDE conversion of Flow-SDE needs."""
+
     def __init__(self, config: FlowPolicyConfig, spec: EnvSpec, normalizer: Normalizer):
         super().__init__()
-        self.config, self.spec, self.normalizer = config, spec, normalizer
-        self.obs_shapes = low_dim_obs_shapes(config, spec, normalizer, "flow_transformer")
+        self.spec, self.normalizer = spec, normalizer
+        self.obs_encoder = ObsEncoder(config, spec, normalizer, "flow_transformer")
+        self.config = dataclasses.replace(config, image_encoder=self.obs_encoder.image_config)
+        self.obs_shapes = self.obs_encoder.low_dim_shapes
         self.act_dim = spec.action.dim
-        obs_dim = sum(math.prod(shape) for shape in self.obs_shapes.values())
-        self.state_encoder = mlp(obs_dim, tuple(config.state_hidden_dims), config.width)
+        enc = self.obs_encoder
+        self.state_encoder = (
+            mlp(enc.low_dim_dim, tuple(config.state_hidden_dims), config.width) if enc.low_dim_dim else None
+        )
+        self.image_proj = nn.Linear(enc.image_feature_dim, config.width) if enc.num_image_tokens else None
+        self.image_position = (
+            nn.Parameter(0.02 * torch.randn(enc.num_image_tokens, config.width)) if enc.num_image_tokens else None
+        )
         self.expert = ActionExpert(self.act_dim, config.horizon_steps, config)
         self.register_buffer(
             "beta_params", torch.tensor([config.beta_a, config.beta_b]), persistent=False
@@ -179,9 +195,17 @@ class FlowPolicy(Policy):
     # --- the network's two halves ---
 
     def encode_prefix(self, obs: Obs) -> torch.Tensor:
-        """Observation tokens `[B, P, D]`; here P = 1, the state token (an MLP over the normalized, flattened
-        obs history). Computed once per chunk and reused by every Euler step."""
-        return self.state_encoder(flatten_obs(obs, self.obs_shapes, self.normalizer))[:, None]
+        """Observation tokens `[B, P, D]`: the state token (an MLP over the normalized, flattened low-dim
+        history; absent when the policy reads only images), then one token per camera and history step.
+        Computed once per chunk and reused by every Euler step."""
+        tokens = []
+        low_dim = self.obs_encoder.low_dim(obs)
+        if low_dim is not None:
+            tokens.append(self.state_encoder(low_dim)[:, None])
+        images = self.obs_encoder.image_tokens(obs)
+        if images is not None:
+            tokens.append(self.image_proj(images) + self.image_position)
+        return torch.cat(tokens, dim=1)
 
     def velocity(self, prefix: torch.Tensor, x: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
         """v_θ(x, τ, o) `[B, H, A]` for normalized chunks `x` `[B, H, A]` at times `tau` `[B]` (or a float)."""

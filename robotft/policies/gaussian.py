@@ -5,8 +5,7 @@ The baseline actor of PPO (Schulman et al. 2017, arXiv 1707.06347; CleanRL's `pp
 dimension shared by all chunk steps, bounded to [log_std_min, log_std_max]. BC fits the mean (MSE) or the
 whole Gaussian (NLL); RL samples from it and scores samples with the exact diagonal-Gaussian log-density.
 
-The low-dim observation helpers here (`low_dim_obs_shapes`, `flatten_obs`) are shared by the residual and
-flow policies.
+Observations (low-dim keys and `rgb/<camera>` images) are encoded by the shared `ObsEncoder`.
 
 Example:
     config = GaussianPolicyConfig(obs_steps=1, horizon_steps=8, act_steps=4)
@@ -19,7 +18,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import torch
@@ -30,10 +28,9 @@ from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
 from robotft.policies.denoising_chain import gaussian_logprob_elementwise
 from robotft.policies.encoders import (
     BoundedLogStd,
+    ObsEncoder,
     check_chunk,
     diagonal_gaussian_chunk_entropy,
-    flatten_obs,
-    low_dim_obs_shapes,
     mlp,
 )
 from robotft.specs import EnvSpec
@@ -75,9 +72,6 @@ class GaussianPolicyConfig(PolicyConfig):
             raise ValueError("policy.hidden_dims must name at least one hidden layer")
 
 
-# --- observation helpers shared by the low-dim policies -----------------------------------------------
-
-
 # --- policy ----------------------------------------------------------------------------------------
 
 
@@ -86,19 +80,19 @@ class GaussianPolicy(Policy):
 
     def __init__(self, config: GaussianPolicyConfig, spec: EnvSpec, normalizer: Normalizer):
         super().__init__()
-        self.config, self.spec, self.normalizer = config, spec, normalizer
-        self.obs_shapes = low_dim_obs_shapes(config, spec, normalizer, "gaussian_mlp")
+        self.spec, self.normalizer = spec, normalizer
+        self.obs_encoder = ObsEncoder(config, spec, normalizer, "gaussian_mlp")
+        self.config = dataclasses.replace(config, image_encoder=self.obs_encoder.image_config)
+        self.obs_shapes = self.obs_encoder.low_dim_shapes
         self.act_dim = spec.action.dim
-        obs_dim = sum(math.prod(shape) for shape in self.obs_shapes.values())
-        self.mean_net = mlp(obs_dim, tuple(config.hidden_dims), config.horizon_steps * self.act_dim)
+        self.mean_net = mlp(self.obs_encoder.out_dim, tuple(config.hidden_dims), config.horizon_steps * self.act_dim)
         self.log_std = BoundedLogStd(
             self.act_dim, config.log_std_init, config.log_std_min, config.log_std_max
         )
 
     def mean(self, obs: Obs) -> torch.Tensor:
         """μ_θ(o): normalized mean chunk `[B, H, A]`."""
-        cond = flatten_obs(obs, self.obs_shapes, self.normalizer)
-        return self.mean_net(cond).view(-1, self.config.horizon_steps, self.act_dim)
+        return self.mean_net(self.obs_encoder(obs)).view(-1, self.config.horizon_steps, self.act_dim)
 
     def std(self) -> torch.Tensor:
         """σ `[A]` in normalized action units."""

@@ -134,3 +134,32 @@ class Camera(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.disconnect()
+
+
+class ThreadedCamera(Camera):
+    """A camera whose backend captures in its own thread into a `LatestFrame`: the reading half of the
+    contract, and the capture thread's failure surfaced on the next read instead of lost."""
+
+    def __init__(self, name: str, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(name, clock=clock)
+        self._frames = LatestFrame()
+        self._last_read = -1
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        """Set by the capture thread when it dies; raised by the next read."""
+
+    def read(self, timeout_s: float = 1.0) -> Frame:
+        self._check()
+        frame = self._frames.wait_newer(self._last_read, timeout_s)
+        self._last_read = frame.index
+        return frame
+
+    def latest(self) -> Frame | None:
+        self._check()
+        return self._frames.get()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"camera {self.name!r} capture thread failed: {self._error!r}") from self._error
+

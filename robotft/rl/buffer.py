@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from robotft.distributed import DistContext
 from robotft.envs.base import Obs
 
 
@@ -112,11 +113,14 @@ def compute_gae(
 
 class RunningRewardScaler:
     """Divide rewards by the running std of the discounted return (as in DPPO/CleanRL's
-    `NormalizeReward`), so the critic sees returns of order one whatever the task's reward scale."""
+    `NormalizeReward`), so the critic sees returns of order one whatever the task's reward scale.
+    Under torchrun (`dist`) the statistics are of every rank's returns, so all ranks scale alike."""
 
-    def __init__(self, num_envs: int, gamma: float, device: torch.device, eps: float = 1e-8) -> None:
+    def __init__(self, num_envs: int, gamma: float, device: torch.device, eps: float = 1e-8,
+                 dist: DistContext | None = None) -> None:
         self.gamma = gamma
         self.eps = eps
+        self.dist = dist or DistContext()
         self.ret = torch.zeros(num_envs, device=device, dtype=torch.float64)
         self.count = torch.tensor(1e-4, dtype=torch.float64)
         self.mean = torch.tensor(0.0, dtype=torch.float64)
@@ -130,7 +134,7 @@ class RunningRewardScaler:
 
     def _update(self, x: torch.Tensor) -> None:
         # Chan et al.'s parallel variance update of the running mean/var with a batch of returns.
-        batch_mean, batch_var, n = x.mean(), x.var(unbiased=False), x.numel()
+        batch_mean, batch_var, n = self.dist.moments(x)
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean = self.mean + delta * n / total

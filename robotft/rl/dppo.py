@@ -105,10 +105,13 @@ class DPPO(Algorithm):
         return base + (clip_eps - base) * (torch.exp(rate * t) - 1) / (math.exp(rate) - 1)
 
     def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The optional BC regularizer; reports the exploration noise scale (mean std of the scored steps)."""
+        stats = {"noise_std": self.policy.exploration_std(self.cfg.min_sampling_std).mean().item()}
         if self.cfg.bc_coef <= 0:
-            return super().extra_loss(obs, sample)
+            loss, _ = super().extra_loss(obs, sample)
+            return loss, stats
         with torch.no_grad():
             base_chain = self.policy.sample_chain(obs, min_std=self.cfg.min_sampling_std, use_base=True)
         bc_logprob = self.logprob(obs, {"chain": base_chain.latents})
         bc_loss = -bc_logprob.mean()
-        return self.cfg.bc_coef * bc_loss, {"bc_loss": bc_loss.item()}
+        return self.cfg.bc_coef * bc_loss, {**stats, "bc_loss": bc_loss.item()}

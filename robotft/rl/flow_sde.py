@@ -48,6 +48,9 @@ class FlowSDE(Algorithm):
     def __init__(self, policy: FlowPolicy, cfg: FlowSDEConfig) -> None:
         if not isinstance(policy, FlowPolicy):
             raise TypeError(f"flow_sde fine-tunes flow_transformer policies; got {type(policy).__name__}")
+        if not policy.instantaneous_velocity:
+            raise TypeError(f"flow_sde converts the flow's ODE into an SDE, which needs the instantaneous velocity; "
+                            f"{type(policy).__name__} predicts average velocities over each step (use reinflow)")
         if policy.config.num_steps < 2:
             raise ValueError("flow_sde needs policy.num_steps >= 2 (σ_t of the first step uses the second's time)")
         self.policy, self.cfg = policy, cfg
@@ -95,3 +98,9 @@ class FlowSDE(Algorithm):
 
     def actor_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """No extra loss; reports the noise scale: the mean std σ_t sqrt(Δτ) of the scored SDE steps."""
+        loss, _ = super().extra_loss(obs, sample)
+        std = self.sigma(sample["step"]) / math.sqrt(self.policy.config.num_steps)
+        return loss, {"noise_std": std.mean().item()}

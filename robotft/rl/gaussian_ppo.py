@@ -66,4 +66,4 @@ class GaussianPPO(Algorithm):
         """-c_H · entropy of the executed entries: `act_steps / H` of the chunk's (σ is shared by the H steps)."""
         cfg = self.policy.config
         entropy = self.policy.entropy(obs).mean() * cfg.act_steps / cfg.horizon_steps
-        return -self.cfg.ent_coef * entropy, {"entropy": entropy.item()}
+        return -self.cfg.ent_coef * entropy, {"entropy": entropy.item(), "noise_std": self.policy.std().mean().item()}

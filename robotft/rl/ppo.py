@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from robotft.distributed import DistContext
 from robotft.envs.chunked import ChunkedEnv
 from robotft.rl.algorithm import Algorithm
 from robotft.rl.buffer import RolloutBuffer, RunningRewardScaler, compute_gae
@@ -105,14 +106,24 @@ class RolloutStats:
 
 
 class PPO:
-    """Collects chunked rollouts from a ChunkedEnv and updates an Algorithm's policy and a critic."""
+    """Collects chunked rollouts from a ChunkedEnv and updates an Algorithm's policy and a critic.
 
-    def __init__(self, algo: Algorithm, critic: ValueCritic, env: ChunkedEnv, cfg: PPOConfig, seed: int = 0):
+    Under torchrun (`dist`, robotft.distributed) every rank collects from its own envs, and the update
+    averages gradients across ranks and normalizes advantages, scales rewards and checks the KL over all
+    ranks' data: W ranks of `num_envs` envs and `minibatch_size` chunks take the steps that one process with
+    W·num_envs envs and W·minibatch_size chunks would take (DD-PPO, Wijmans et al. 2020, arXiv 1911.00357).
+    `env` may be None when something else collects the rollouts (robotft.rl.rollout); then `device`
+    says where the learner's tensors live."""
+
+    def __init__(self, algo: Algorithm, critic: ValueCritic, env: ChunkedEnv | None, cfg: PPOConfig, seed: int = 0,
+                 dist: DistContext | None = None, device: torch.device | str | None = None):
         self.algo, self.critic, self.env, self.cfg = algo, critic, env, cfg
-        self.device = env.device
+        self.dist = dist or DistContext()
+        self.device = env.device if env is not None else torch.device(device or "cpu")
         self.actor_opt = torch.optim.AdamW(algo.actor_parameters(), lr=cfg.actor_lr, weight_decay=0.0)
         self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
-        self.reward_scaler = RunningRewardScaler(env.num_envs, cfg.gamma, self.device)
+        num_envs = env.num_envs if env is not None else 1
+        self.reward_scaler = RunningRewardScaler(num_envs, cfg.gamma, self.device, dist=self.dist)
         self.iteration = 0
         self.env_steps = 0
         self.seed = seed
@@ -154,6 +165,8 @@ class PPO:
                 successes += int((info["success"] & done).sum())
                 returns += info["episode_return"][done].tolist()
         next_value = self._value(self._obs)
+        steps, episodes, successes = (int(v) for v in self.dist.sum([steps, episodes, successes]))
+        returns = self.dist.gather_lists(returns)
         self.env_steps += steps
         stats = RolloutStats(steps, episodes, successes, returns, time.perf_counter() - t0)
         return buf, next_value, stats
@@ -172,7 +185,7 @@ class PPO:
         """GAE, then clipped PPO epochs. Returns mean metrics over the gradient steps taken."""
         cfg, algo = self.cfg, self.algo
         if cfg.group_advantages:
-            advantages = group_relative_advantages(buf.rewards, buf.dones)
+            advantages = group_relative_advantages(buf.rewards, buf.dones, dist=self.dist)
             returns = torch.zeros_like(advantages)  # no critic to train
         else:
             advantages, returns = compute_gae(
@@ -189,7 +202,9 @@ class PPO:
         weights = algo.advantage_weights().to(self.device)
         clip = algo.clip_coefs(cfg.clip_eps).to(self.device)
         metrics: dict[str, list[float]] = {}
-        self.algo.policy.train()
+        # Scored in the mode the rollouts were sampled in (eval): train mode would turn on the image encoder's
+        # random crops, a different distribution than the one the old log-probabilities came from.
+        self.algo.policy.eval()
         stop = False
         for _epoch in range(cfg.update_epochs):
             perm = torch.randperm(n, device=self.device)
@@ -210,12 +225,14 @@ class PPO:
                     extra, extra_metrics = algo.extra_loss(mb_obs, mb_samples)
                     loss = loss + pg_loss + extra
                     step_metrics.update(pg_metrics, **extra_metrics)
-                    if cfg.target_kl > 0 and kl > cfg.target_kl:
+                    # Every rank stops on the same minibatch: the KL of the global minibatch decides.
+                    if cfg.target_kl > 0 and self.dist.mean(kl) > cfg.target_kl:
                         stop = True
                         break
                 self.actor_opt.zero_grad(set_to_none=True)
                 self.critic_opt.zero_grad(set_to_none=True)
                 loss.backward()
+                self.dist.all_reduce_gradients([*self.critic.parameters(), *algo.actor_parameters()])
                 nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
                 self.critic_opt.step()
                 if train_actor:
@@ -248,7 +265,8 @@ class PPO:
         """Clipped surrogate per scored transition: max(-A w_k r_k, -A w_k clip(r_k, 1±ε_k)), mean; with
         `dual_clip` c, entries with A < 0 are capped at -c A w_k (Ye et al. 2020)."""
         if self.cfg.norm_adv and not self.cfg.group_advantages and adv.numel() > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            mean, std = self.dist.mean_std(adv)
+            adv = (adv - mean) / (std + 1e-8)
         new_logp = self.algo.logprob(obs, samples)
         logratio = new_logp - old_logp
         ratio = logratio.exp()
@@ -294,11 +312,12 @@ class PPO:
         torch.set_rng_state(state["torch_rng"])
 
 
-def group_relative_advantages(rewards: torch.Tensor, dones: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def group_relative_advantages(rewards: torch.Tensor, dones: torch.Tensor, eps: float = 1e-8,
+                              dist: DistContext | None = None) -> torch.Tensor:
     """`[T, B]` GRPO outcome advantages (Shao et al. 2024, arXiv 2402.03300, §4.1.2) for a rollout that began
     with a reset of every env: each chunk gets (R_e - mean R) / (std R + eps), R_e the undiscounted return of
     its episode and the statistics over the episodes that ended in the rollout; chunks of unfinished episodes
-    get 0. `rewards`, `dones`: `[T, B]`."""
+    get 0. `rewards`, `dones`: `[T, B]`. Under torchrun (`dist`) the group is every rank's episodes."""
     num_steps = rewards.shape[0]
     to_go, finished = torch.zeros_like(rewards), torch.zeros_like(dones, dtype=torch.bool)
     next_to_go, next_finished = torch.zeros_like(rewards[0]), torch.zeros_like(finished[0])
@@ -314,10 +333,15 @@ def group_relative_advantages(rewards: torch.Tensor, dones: torch.Tensor, eps: f
         current = torch.where(starts[t], to_go[t], current)
         episode_return[t] = current
     group = episode_return[starts & finished]
-    if group.numel() == 0:
+    dist = dist or DistContext()
+    n = int(dist.sum([float(group.numel())])[0])  # the same on every rank, so all take the same branch
+    if n == 0:
         return torch.zeros_like(rewards)
-    std = group.std() if group.numel() > 1 else torch.ones((), device=rewards.device)
-    return torch.where(finished, (episode_return - group.mean()) / (std + eps), 0.0)
+    if n == 1:
+        mean, std = dist.moments(group)[0], torch.ones((), device=rewards.device)
+    else:
+        mean, std = dist.mean_std(group)
+    return torch.where(finished, (episode_return - mean) / (std + eps), 0.0)
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:

@@ -73,4 +73,4 @@ class ResidualPPO(Algorithm):
         """-c_H · entropy of the executed residual entries: `act_steps / H` of the chunk's (σ is shared)."""
         cfg = self.policy.config
         entropy = self.policy.entropy(obs).mean() * cfg.act_steps / cfg.horizon_steps
-        return -self.cfg.ent_coef * entropy, {"entropy": entropy.item()}
+        return -self.cfg.ent_coef * entropy, {"entropy": entropy.item(), "noise_std": self.policy.std().mean().item()}

@@ -95,6 +95,51 @@ def write_trajectory(path, T=5, obs_mode="state", control_mode="pd_ee_delta_pose
     return path
 
 
+def write_rgb_trajectory(path, T=4):
+    """A ManiSkill-style obs_mode `rgb` file: nested obs groups recorded in creation order (track_order)."""
+    import h5py
+
+    rng = np.random.default_rng(1)
+    with h5py.File(path, "w") as f:
+        g = f.create_group("traj_0", track_order=True)
+        obs = g.create_group("obs", track_order=True)
+        agent = obs.create_group("agent", track_order=True)
+        agent["qvel"] = np.full((T + 1, 2), 2.0, np.float32)  # created first: must come first in `state`
+        agent["qpos"] = np.full((T + 1, 3), 1.0, np.float32)
+        extra = obs.create_group("extra", track_order=True)
+        extra["tcp_pose"] = np.full((T + 1, 1, 2), 3.0, np.float32)
+        obs["sensor_param/cam/intrinsic_cv"] = np.zeros((T + 1, 3, 3), np.float32)
+        obs["sensor_data/cam/rgb"] = rng.integers(0, 256, size=(T + 1, 6, 5, 3), dtype=np.uint8)
+        g["actions"] = rng.uniform(-1, 1, size=(T, 7)).astype(np.float32)
+        g["success"] = np.arange(T) == T - 1
+    meta = {
+        "env_info": {"env_id": "PushCube-v1", "env_kwargs": {"obs_mode": "rgb", "control_mode": "pd_ee_delta_pose"}},
+        "episodes": [{"episode_id": 0, "success": True}],
+    }
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    return path
+
+
+def test_import_rgb_trajectory_keeps_images_uint8_and_state_in_recorded_order(tmp_path):
+    pytest.importorskip("h5py")
+    import h5py
+
+    from robotft.datasets.maniskill_demos import import_maniskill_h5
+
+    h5 = write_rgb_trajectory(tmp_path / "rgb.h5")
+    stats = import_maniskill_h5(h5, tmp_path / "rgb.zarr")
+    assert stats["kept"] == 1 and stats["state_dim"] == 7
+    buf = ReplayBuffer.open(tmp_path / "rgb.zarr")
+    assert set(buf.keys) == {"state", "rgb/cam", "action", "success"}
+    assert buf.features["rgb/cam"].shape == (6, 5, 3) and buf.features["rgb/cam"].dtype == "uint8"
+    ep = buf.episode(0)
+    np.testing.assert_array_equal(ep["state"][0], [2, 2, 1, 1, 1, 3, 3])
+    with h5py.File(h5) as f:
+        np.testing.assert_array_equal(ep["rgb/cam"], f["traj_0/obs/sensor_data/cam/rgb"][:-1])
+    images = buf.array("rgb/cam", in_memory=False)
+    assert images.chunks == (1, 6, 5, 3) and images.compressor is not None  # one compressed frame per chunk
+
+
 def test_import_synthetic_trajectory(tmp_path):
     pytest.importorskip("h5py")
     from robotft.datasets.maniskill_demos import import_maniskill_h5
@@ -120,8 +165,9 @@ def test_import_synthetic_trajectory(tmp_path):
             {"control_mode": "pd_joint_pos"},
             "t.h5: control mode is 'pd_joint_pos'.*expected 'pd_ee_delta_pose'",
         ),
-        ({"obs_mode": "rgb"}, "t.h5: obs_mode is 'rgb'.*expected 'state'"),
+        ({"obs_mode": "rgbd"}, r"t.h5: obs_mode is 'rgbd'.*expected one of \('state', 'rgb'\)"),
         ({"obs_group": True}, "t.h5: traj_0/obs is not a flat"),
+        ({"obs_mode": "rgb"}, "t.h5: traj_0/obs is not a group with 'agent' and 'sensor_data'"),
         ({"drop": ("actions",)}, "t.h5: traj_0/actions missing"),
     ],
 )

@@ -15,7 +15,7 @@ def test_toy_preset_builds_a_toy_env():
 
 
 def test_unknown_backend_lists_the_available_ones():
-    with pytest.raises(ValueError, match=r"'isaac'.*\['maniskill', 'toy'\]"):
+    with pytest.raises(ValueError, match=r"'isaac' is unknown; available backends: \[.*'maniskill', 'mujoco'.*'toy'\]"):
         make_env(EnvConfig(backend="isaac"))
 
 

@@ -1,0 +1,83 @@
+"""Teleoperated evaluation: keyboard events through a real pipe, the scene's success predicate for
+`--no-operator`, and the tally with its Wilson interval."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+
+from robotft.evaluation import wilson_interval
+from robotft.real_robot.operator import KeyboardOperator, SceneJudge, Tally
+from robotft.real_robot.rig import SuccessConfig
+from robotft.real_robot.sim_franka import ObjectPose
+
+
+@pytest.fixture
+def keyboard():
+    read_fd, write_fd = os.pipe()
+    stream = os.fdopen(read_fd, "rb", buffering=0)
+    operator = KeyboardOperator(stream, out=io.StringIO(), spacemouse=False)
+    yield operator, write_fd
+    operator.close()
+    os.close(write_fd)
+    stream.close()
+
+
+def test_keyboard_events(keyboard):
+    operator, keys = keyboard
+    assert operator.poll() == []  # nothing typed: returns at once
+    resets = []
+    os.write(keys, b"zrg")
+    assert operator.wait_start(0, lambda: resets.append(1))
+    assert resets == [1]
+    os.write(keys, b"t s\n")
+    assert operator.poll() == ["takeover", "stop", "success", "start"]
+    os.write(keys, b"xf")
+    assert operator.label_timeout() == "failure"
+    os.write(keys, b"q")
+    assert not operator.wait_start(1, lambda: None)
+
+
+def test_keyboard_input_closed_is_an_error():
+    read_fd, write_fd = os.pipe()
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb", buffering=0) as stream:
+        operator = KeyboardOperator(stream, out=io.StringIO(), spacemouse=False)
+        with pytest.raises(EOFError, match="operator input closed"):
+            operator.poll()
+
+
+def test_scene_judge_success_predicate():
+    judge = SceneJudge(SuccessConfig(object="cube", goal="goal", radius_m=0.1, axes="xy"))
+    pose = lambda x, z=0.02: ObjectPose(0.0, np.array([x, 0.0, z]), np.array([1.0, 0, 0, 0]))  # noqa: E731
+    assert judge.wait_start(0, lambda: None) and judge.poll() == []
+    assert judge.judge({"cube": pose(0.6), "goal": pose(0.8)}) is None
+    assert judge.judge({"cube": pose(0.75, z=0.3), "goal": pose(0.8)}) == "success"  # xy only
+    assert judge.label_timeout() == "timeout"
+    with pytest.raises(KeyError, match="no object 'goal'"):
+        judge.judge({"cube": pose(0.6)})
+
+
+def test_tally_scores_successes_failures_and_timeouts_only():
+    tally = Tally()
+    for outcome in ["success", "failure", "timeout", "abort", "success", "stopped", "success"]:
+        tally.add(outcome)
+    assert tally.scored == 5 and tally.successes == 3
+    assert tally.success_rate == pytest.approx(0.6)
+    assert tally.ci95 == wilson_interval(3, 5)
+    d = tally.to_dict()
+    assert d["counts"] == {"success": 3, "failure": 1, "timeout": 1, "abort": 1, "stopped": 1}
+    with pytest.raises(ValueError, match="unknown outcome"):
+        tally.add("maybe")
+
+
+def test_spacemouse_needs_pyspacemouse_and_says_so():
+    from robotft.real_robot.operator import SpaceMouse
+
+    if SpaceMouse.available():
+        pytest.skip("pyspacemouse is installed here")
+    with pytest.raises(ImportError, match="pip install pyspacemouse"):
+        SpaceMouse()

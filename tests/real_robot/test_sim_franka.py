@@ -1,0 +1,143 @@
+"""SimFranka: the MuJoCo Panda tracks joint and TCP targets in real time, grips, resets its scene,
+and a failure of its physics thread reaches the caller."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from robotft.real_robot.robot import RobotCommand
+from robotft.real_robot.safety import SafetyLayer, SafetyLimits, panda_tcp_position
+from robotft.real_robot.sim_franka import (
+    SimFranka,
+    SimFrankaConfig,
+    SimMarkerConfig,
+    SimObjectConfig,
+    SimSceneConfig,
+    SimulationError,
+)
+
+CONTROL_DT = 0.1
+
+# ManiSkill PushCube in the robot base frame: a 2 cm half-size cube 0.615 m in front of the base,
+# randomised +-0.1 m, and a goal disc 0.2 m further along x.
+PUSH_CUBE = SimSceneConfig(
+    objects=[SimObjectConfig("cube", pos=(0.615, 0.0, 0.02), randomize_xy=(0.1, 0.1))],
+    markers=[SimMarkerConfig("goal", size=(0.1, 0.001), pos=(0.2, 0.0, 0.001), relative_to="cube")],
+)
+
+
+@pytest.fixture(scope="module")
+def robot():
+    """One compiled model for the module (compiling the meshes takes seconds)."""
+    return SimFranka(
+        SimFrankaConfig(scene=PUSH_CUBE, seed=0), SafetyLayer(SafetyLimits(), CONTROL_DT, cameras=())
+    )
+
+
+def drive(robot: SimFranka, command: dict, seconds: float) -> list:
+    """Send `command` at the control rate for `seconds`, as the runner would; returns the states read."""
+    states = []
+    end = time.monotonic() + seconds
+    while (now := time.monotonic()) < end:
+        robot.safety.watchdog.heartbeat("policy", now)
+        states.append(robot.get_observation())
+        robot.send_action(RobotCommand(timestamp_s=now + CONTROL_DT, **command))
+        time.sleep(CONTROL_DT)
+    return states
+
+
+def angle_between(q0: np.ndarray, q1: np.ndarray) -> float:
+    return 2 * math.acos(min(1.0, abs(float(np.dot(q0, q1)))))
+
+
+def test_tracks_joint_and_tcp_targets_and_closes_the_gripper_in_real_time(robot):
+    with robot:
+        robot.reset_episode(seed=1)
+        start = time.monotonic()
+        home = robot.get_observation()
+        # The reported TCP is the one the safety layer's kinematics checks (within robosuite's 0.5 mm).
+        np.testing.assert_allclose(home.ee_pos, panda_tcp_position(home.joint_positions, 0.1034), atol=1e-3)
+        assert home.gripper_width == pytest.approx(0.08, abs=1e-3)
+
+        q_target = home.joint_positions + np.array([0.15, 0.1, -0.1, -0.15, 0.1, 0.1, 0.2])
+        states = drive(
+            robot,
+            dict(
+                control_mode="joint_position", gripper_width=0.0, gripper_force=20.0, joint_positions=q_target
+            ),
+            0.8,
+        )
+        reached = robot.get_observation()
+        assert np.abs(reached.joint_positions - q_target).max() < 0.01
+        assert reached.gripper_width < 0.005  # closed on nothing
+
+        pos_target = reached.ee_pos + np.array([0.04, -0.03, 0.05])
+        quat_target = home.ee_quat
+        states += drive(
+            robot,
+            dict(control_mode="ee_pose", gripper_width=0.08, ee_pos=pos_target, ee_quat=quat_target),
+            1.0,
+        )
+        reached = robot.get_observation()
+        assert np.linalg.norm(reached.ee_pos - pos_target) < 0.005
+        assert angle_between(reached.ee_quat, quat_target) < 0.02
+        assert reached.gripper_width > 0.07
+
+        stamps = [s.timestamp_s for s in states]
+        assert all(b > a for a, b in zip(stamps, stamps[1:], strict=False))
+        assert start <= stamps[0] and stamps[-1] <= time.monotonic()
+        # Real time: simulated time tracks the wall clock (loosely: the machine is shared).
+        assert 0.5 < robot.realtime_factor < 1.5
+
+
+def test_reset_places_objects_and_markers_and_they_rest_on_the_table(robot):
+    with robot:
+        poses = robot.reset_episode(seed=3)
+        cube, goal = poses["cube"].pos, poses["goal"].pos
+        assert np.all(np.abs(cube[:2] - [0.615, 0.0]) <= 0.1) and not np.allclose(cube[:2], [0.615, 0.0])
+        np.testing.assert_allclose(goal[:2], cube[:2] + [0.2, 0.0])
+        assert robot.reset_episode(seed=3)["cube"].pos == pytest.approx(cube)  # seeded: reproducible
+
+        poses = robot.reset_episode(object_poses={"cube": ([0.5, 0.1, 0.05], [1, 0, 0, 0])})
+        assert poses["cube"].pos == pytest.approx([0.5, 0.1, 0.05])
+        time.sleep(0.5)
+        settled = robot.object_poses()["cube"]
+        assert settled.pos == pytest.approx([0.5, 0.1, 0.02], abs=2e-3)  # fell 3 cm onto the table
+        assert settled.timestamp_s > time.monotonic() - 0.25  # simulated just now
+        with pytest.raises(KeyError, match="unknown object"):
+            robot.reset_episode(object_poses={"ball": ([0, 0, 0], [1, 0, 0, 0])})
+
+
+def test_a_failure_in_the_physics_thread_surfaces_on_the_next_call(robot, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MuJoCo writes its warning to MUJOCO_LOG.TXT in the working directory
+    with robot:
+        robot.reset_episode()
+        state = robot.get_observation()
+        # Bypass the safety layer on purpose: a NaN target makes MuJoCo refuse the control.
+        robot._send_command(RobotCommand("joint_position", 0.0, 0.04, joint_positions=[math.nan] * 7))
+        time.sleep(0.1)
+        with pytest.raises(SimulationError, match="mjWARN_BADCTRL"):
+            robot.get_observation()
+        with pytest.raises(SimulationError):
+            robot.send_action(
+                RobotCommand("joint_position", 0.0, 0.04, joint_positions=state.joint_positions)
+            )
+    assert not robot.is_connected
+    with robot:  # a new session starts clean
+        robot.reset_episode()
+        assert robot.get_observation().joint_positions == pytest.approx(state.joint_positions)
+
+
+def test_configs_name_what_is_wrong():
+    with pytest.raises(ValueError, match="relative_to 'box' is not an object"):
+        SimSceneConfig(markers=[SimMarkerConfig("goal", relative_to="box")])
+    with pytest.raises(ValueError, match="repeated"):
+        SimSceneConfig(objects=[SimObjectConfig("a")], markers=[SimMarkerConfig("a")])
+    with pytest.raises(ValueError, match="stiffness must be 7 numbers > 0"):
+        SimFrankaConfig(stiffness=(1.0,) * 6)
+    with pytest.raises(ValueError, match="shape must be one of"):
+        SimMarkerConfig("goal", shape="cone")
