@@ -3,6 +3,7 @@ in-process collector, a killed worker replaced and its slice re-run, and `robotf
 """
 
 import dataclasses
+import os
 import time
 
 import pytest
@@ -142,8 +143,11 @@ def test_a_worker_failing_beyond_max_restarts_stops_the_run(cluster, weak_gaussi
         collector.close()
 
 
-def test_cli_finetune_on_ray_workers(cluster, cli, weak_gaussian_bc, tmp_path):
+def test_cli_finetune_on_ray_workers(cluster, cli, weak_gaussian_bc, tmp_path, monkeypatch):
     """`robotft finetune --rollout.backend ray --rollout.address ...` joins the cluster, trains and evaluates."""
+    # A client joins a token-authenticated cluster with RAY_AUTH_MODE=token (the token is in ~/.ray), which
+    # ray.init set in this process after the session's CLI environment was captured.
+    monkeypatch.setattr(cli, "env", {**cli.env, **{k: v for k, v in os.environ.items() if k.startswith("RAY_")}})
     out = tmp_path / "ft"
     free_cpus = ray.available_resources().get("CPU", 0)
     cli.run("finetune", "--from", weak_gaussian_bc, "--algo", "ppo", "--iterations", 2, "--out", out,
