@@ -47,9 +47,10 @@ class Algorithm(abc.ABC):
     def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
         """`[N, K]` log-probabilities of stored samples under the current parameters (with gradients)."""
 
-    @abc.abstractmethod
     def actor_parameters(self) -> list[nn.Parameter]:
-        """Exactly the parameters the policy loss trains (frozen parts excluded)."""
+        """Exactly the parameters the policy loss trains (frozen parts excluded): by default the policy's
+        parameters that require gradients."""
+        return [p for p in self.policy.parameters() if p.requires_grad]
 
     def num_scored(self) -> int:
         """K, the number of scored transitions per action."""

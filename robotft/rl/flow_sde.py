@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from robotft.envs.base import Obs
 from robotft.policies.denoising_chain import gaussian_logprob_elementwise
@@ -95,9 +94,6 @@ class FlowSDE(Algorithm):
         std = (self.sigma(step) / math.sqrt(k))[:, None, None]
         lp = gaussian_logprob_elementwise(sample["x_next"], self.sde_mean(sample["x"], v, step), std)
         return lp.sum(dim=(1, 2))[:, None]
-
-    def actor_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.policy.parameters() if p.requires_grad]
 
     def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """No extra loss; reports the noise scale: the mean std σ_t sqrt(Δτ) of the scored SDE steps."""

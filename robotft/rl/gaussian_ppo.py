@@ -12,10 +12,11 @@ zero learning rate anyway); the demonstrations are then only used for the normal
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
-from torch import nn
 
 from robotft.envs.base import Obs
 from robotft.policies.gaussian import GaussianPolicy
@@ -34,7 +35,36 @@ class GaussianPPOConfig:
             raise ValueError(f"ppo.ent_coef must be >= 0, got {self.ent_coef}")
 
 
-class GaussianPPO(Algorithm):
+class EntropyBonusConfig(Protocol):
+    """What GaussianChunkPPO reads of its algorithm's config section (`ppo.` or `residual_ppo.`)."""
+
+    ent_coef: float
+
+
+class GaussianChunkPPO(Algorithm):
+    """PPO over a policy whose chunk is one diagonal-Gaussian draw with σ shared by its H steps (the Gaussian
+    MLP; the residual of residual PPO): scored as K = 1 transition, the exact log-density summed over the
+    executed `act_steps × act_dim` entries, with an entropy bonus over the same entries."""
+
+    cfg: EntropyBonusConfig
+
+    @abc.abstractmethod
+    def elementwise_logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`[N, H, A]` per-entry log-densities of the stored Gaussian draw."""
+
+    def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`[N, 1]`: the log-density summed over the executed `act_steps × act_dim` entries."""
+        lp = self.elementwise_logprob(obs, sample)
+        return lp[:, : self.policy.config.act_steps].sum(dim=(1, 2))[:, None]
+
+    def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """-c_H · entropy of the executed entries: `act_steps / H` of the chunk's (σ is shared by the H steps)."""
+        cfg = self.policy.config
+        entropy = self.policy.entropy(obs).mean() * cfg.act_steps / cfg.horizon_steps
+        return -self.cfg.ent_coef * entropy, {"entropy": entropy.item(), "noise_std": self.policy.std().mean().item()}
+
+
+class GaussianPPO(GaussianChunkPPO):
     name = "ppo"
 
     def __init__(self, policy: GaussianPolicy, cfg: GaussianPPOConfig) -> None:
@@ -54,16 +84,6 @@ class GaussianPPO(Algorithm):
             logprob = self.logprob(obs, sample)
         return ActOutput(actions=actions, sample=sample, logprob=logprob)
 
-    def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
-        """`[N, 1]`: log N(a; μ_θ(o), σ²) summed over the executed `act_steps × act_dim` entries."""
-        lp = self.policy.elementwise_logprob(obs, sample["action"])
-        return lp[:, : self.policy.config.act_steps].sum(dim=(1, 2))[:, None]
-
-    def actor_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.policy.parameters() if p.requires_grad]
-
-    def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """-c_H · entropy of the executed entries: `act_steps / H` of the chunk's (σ is shared by the H steps)."""
-        cfg = self.policy.config
-        entropy = self.policy.entropy(obs).mean() * cfg.act_steps / cfg.horizon_steps
-        return -self.cfg.ent_coef * entropy, {"entropy": entropy.item(), "noise_std": self.policy.std().mean().item()}
+    def elementwise_logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
+        """log N(a; μ_θ(o), σ²) per entry of the stored chunk a."""
+        return self.policy.elementwise_logprob(obs, sample["action"])

@@ -113,7 +113,7 @@ class ReinFlow(Algorithm):
         return (steps.sum(dim=(1, 2, 3)) + initial.sum(dim=(1, 2)))[:, None]
 
     def actor_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.policy.parameters() if p.requires_grad] + list(self.noise_net.parameters())
+        return super().actor_parameters() + list(self.noise_net.parameters())
 
     def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """-c_H · mean per-entry entropy ½ log 2πe + log σ_φ of the chain's Gaussian transitions."""

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from robotft.envs.base import Obs
 from robotft.policies.residual import ResidualPolicy
-from robotft.rl.algorithm import ActOutput, Algorithm
+from robotft.rl.algorithm import ActOutput
+from robotft.rl.gaussian_ppo import GaussianChunkPPO
 
 
 @dataclass
@@ -32,7 +32,7 @@ class ResidualPPOConfig:
             raise ValueError(f"residual_ppo.ent_coef must be >= 0, got {self.ent_coef}")
 
 
-class ResidualPPO(Algorithm):
+class ResidualPPO(GaussianChunkPPO):
     name = "residual_ppo"
 
     def __init__(self, policy: ResidualPolicy, cfg: ResidualPPOConfig) -> None:
@@ -55,22 +55,12 @@ class ResidualPPO(Algorithm):
             logprob = self.logprob(obs, sample)
         return ActOutput(actions=actions, sample=sample, logprob=logprob)
 
-    def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
-        """`[N, 1]`: log N(r; r_θ(o, a^base), σ²) summed over the executed `act_steps × act_dim` entries."""
-        lp = self.policy.elementwise_logprob(obs, sample)
-        return lp[:, : self.policy.config.act_steps].sum(dim=(1, 2))[:, None]
+    def elementwise_logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
+        """log N(r; r_θ(o, a^base), σ²) per entry of the stored residual r, against its stored base chunk."""
+        return self.policy.elementwise_logprob(obs, sample)
 
     def critic_extra(self, obs: Obs, sample: dict[str, torch.Tensor] | None) -> torch.Tensor:
         """`[N, H * A]` the normalized base chunk the critic conditions on: the stored one, or for an
         observation without a sample (bootstrapping) a fresh base chunk."""
         base_action = sample["base_action"] if sample is not None else self.policy.base_chunk(obs)
         return self.policy.normalizer.normalize("action", base_action).flatten(1)
-
-    def actor_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.policy.parameters() if p.requires_grad]
-
-    def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """-c_H · entropy of the executed residual entries: `act_steps / H` of the chunk's (σ is shared)."""
-        cfg = self.policy.config
-        entropy = self.policy.entropy(obs).mean() * cfg.act_steps / cfg.horizon_steps
-        return -self.cfg.ent_coef * entropy, {"entropy": entropy.item(), "noise_std": self.policy.std().mean().item()}
