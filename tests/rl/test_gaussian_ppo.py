@@ -1,27 +1,17 @@
 """Gaussian PPO: the likelihood used in the loss, which parameters train, and that fine-tuning learns."""
 
 
-import numpy as np
 import pytest
 import torch
+from tiny_specs import tiny_spec_and_normalizer
 
-from robotft.datasets.normalizer import Normalizer
 from robotft.policies.gaussian import GaussianPolicy, GaussianPolicyConfig
 from robotft.rl.gaussian_ppo import GaussianPPO, GaussianPPOConfig
-from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 
 def _policy() -> GaussianPolicy:
     torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    spec = EnvSpec(
-        observations={"state": FeatureSpec("state", (3,), "float32")},
-        action=ActionSpec("test", 2, (-1.0, -1.0), (1.0, 1.0)),
-    )
-    norm = Normalizer.fit(
-        {"state": rng.normal(size=(50, 3)), "action": rng.uniform(-1, 1, (50, 2))},
-        {"state": "meanstd", "action": "minmax"},
-    )
+    spec, norm = tiny_spec_and_normalizer()
     cfg = GaussianPolicyConfig(obs_steps=2, horizon_steps=4, act_steps=2, hidden_dims=(32,))
     return GaussianPolicy(cfg, spec, norm)
 

@@ -1,27 +1,17 @@
 """ReinFlow: the chain likelihood used in the loss, the learned noise net, which parameters train."""
 
-import numpy as np
 import pytest
 import torch
+from tiny_specs import tiny_spec_and_normalizer
 
-from robotft.datasets.normalizer import Normalizer
 from robotft.policies.encoders import sinusoidal_embedding
 from robotft.policies.flow import FlowPolicy, FlowPolicyConfig
 from robotft.rl.reinflow import ReinFlow, ReinFlowConfig
-from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 
 def _policy() -> FlowPolicy:
     torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    spec = EnvSpec(
-        observations={"state": FeatureSpec("state", (3,), "float32")},
-        action=ActionSpec("test", 2, (-1.0, -1.0), (1.0, 1.0)),
-    )
-    norm = Normalizer.fit(
-        {"state": rng.normal(size=(50, 3)), "action": rng.uniform(-1, 1, (50, 2))},
-        {"state": "meanstd", "action": "minmax"},
-    )
+    spec, norm = tiny_spec_and_normalizer()
     cfg = FlowPolicyConfig(obs_steps=2, horizon_steps=4, act_steps=2, width=32, num_layers=1, num_heads=2,
                            state_hidden_dims=(32,), time_embed_dim=16, num_steps=3)
     return FlowPolicy(cfg, spec, norm)
