@@ -8,9 +8,14 @@ saved as JSON in every run directory and checkpoint.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import importlib.resources
+import inspect
 import json
 import os
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -21,44 +26,82 @@ import yaml
 T = TypeVar("T")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-"""Where the preset folders live (the repository root of an editable install)."""
+"""The repository root of a checkout (editable install): its preset folders are the source of truth."""
+
+PRESET_FOLDERS = ("envs", "policies", "real_robot", "datasets")
+"""Top-level preset folders; a wheel ships copies of them as package data under `robotft/_presets`."""
 
 
 class ConfigError(ValueError):
     """A config file, preset or override is wrong; the message names it and what was expected."""
 
 
-def preset_roots() -> list[Path]:
-    """Folders searched for presets: `$ROBOTFT_PRESETS` (os.pathsep-separated), the cwd, the repo."""
-    roots = [Path(p) for p in os.environ.get("ROBOTFT_PRESETS", "").split(os.pathsep) if p]
-    roots += [Path.cwd(), REPO_ROOT]
+def preset_roots() -> list[Any]:
+    """Folders searched for presets, first match wins: `$ROBOTFT_PRESETS` (os.pathsep-separated), the cwd,
+    the presets shipped inside the installed package, and the repository of an editable install."""
+    roots: list[Any] = [Path(p) for p in os.environ.get("ROBOTFT_PRESETS", "").split(os.pathsep) if p]
+    roots.append(Path.cwd())
+    shipped = importlib.resources.files("robotft") / "_presets"
+    if shipped.is_dir():
+        roots.append(shipped)
+    if any((REPO_ROOT / f).is_dir() for f in PRESET_FOLDERS):
+        roots.append(REPO_ROOT)
     return roots
 
 
-def find_preset(folder: str, name: str) -> Path:
-    """Resolve a preset name (`maniskill/push_cube`) or a path to a YAML file."""
+def _yaml_files(folder: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """`(name, file)` of every YAML file below a folder (a Path or an importlib Traversable)."""
+    out = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.is_dir():
+            out += _yaml_files(entry, f"{prefix}{entry.name}/")
+        elif entry.name.endswith((".yaml", ".yml")):
+            out.append((prefix + entry.name.rsplit(".", 1)[0], entry))
+    return out
+
+
+def list_presets(folder: str) -> dict[str, Any]:
+    """Preset name → file, over all preset roots (earlier roots shadow later ones)."""
+    found: dict[str, Any] = {}
+    for root in reversed(preset_roots()):
+        if (root / folder).is_dir():
+            found.update(_yaml_files(root / folder))
+    return dict(sorted(found.items()))
+
+
+def find_preset(folder: str, name: str) -> Any:
+    """Resolve a preset name (`maniskill/push_cube`) or a path to a YAML file; returns a Path or, for a
+    preset shipped inside the package, an importlib.resources Traversable (read it with `load_yaml`)."""
     direct = Path(name)
     if direct.suffix in (".yaml", ".yml") and direct.is_file():
         return direct
+    key = name[: -len(direct.suffix)] if direct.suffix in (".yaml", ".yml") else name
+    key = key[len(folder) + 1:] if key.startswith(folder + "/") else key
     tried = []
     for root in preset_roots():
-        candidate = root / folder / f"{name}.yaml"
+        candidate = root / folder / f"{key}.yaml"
         tried.append(str(candidate))
         if candidate.is_file():
             return candidate
-    available = sorted(
-        str(p.relative_to(REPO_ROOT / folder).with_suffix(""))
-        for p in (REPO_ROOT / folder).rglob("*.yaml")
-    ) if (REPO_ROOT / folder).is_dir() else []
     raise ConfigError(
-        f"no {folder} preset named {name!r} (looked for {', '.join(tried)}); available: {available}"
+        f"no {folder} preset named {name!r} (looked for {', '.join(tried)}); available: {list(list_presets(folder))}"
     )
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+def preset_description(path: Any) -> str:
+    """The first comment line of a preset file: its one-line description."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("#").strip()
+        if line.strip():
+            break
+    return ""
+
+
+def load_yaml(path: Any) -> dict[str, Any]:
+    """A YAML file (a Path or a Traversable) whose top level is a mapping."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text() if hasattr(path, "read_text") else Path(path).read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if data is None:
@@ -66,6 +109,30 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`: mappings merge key by key, anything else replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_preset(folder: str, name: str, _seen: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
+    """`(file, data)` of a preset with its `base:` chain resolved: the base (a preset name in the same
+    folder) is loaded first and this file's keys are merged on top, mappings key by key."""
+    path = find_preset(folder, name)
+    data = load_yaml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return path, data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: 'base' must be a {folder} preset name, got {base!r}")
+    if str(path) in _seen:
+        raise ConfigError(f"{path}: 'base' chain loops: {' -> '.join(_seen)} -> {path}")
+    _, base_data = load_preset(folder, base, (*_seen, str(path)))
+    return path, merge(base_data, data)
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -326,9 +393,9 @@ class EnvConfig:
 
 
 def load_env_config(name_or_path: str, overrides: dict[str, str] | None = None) -> EnvConfig:
-    """Load `envs/<name>.yaml` (or a YAML path) into an EnvConfig, then apply `overrides`."""
-    path = find_preset("envs", name_or_path)
-    cfg = from_dict(EnvConfig, load_yaml(path), where=str(path))
+    """Load `envs/<name>.yaml` (or a YAML path, `base:` resolved) into an EnvConfig, then apply `overrides`."""
+    path, data = load_preset("envs", name_or_path)
+    cfg = from_dict(EnvConfig, data, where=str(path))
     return apply_overrides(cfg, overrides, prefix="env.") if overrides else cfg
 
 
@@ -339,3 +406,148 @@ def resolve_device(device: str) -> str:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+# --------------------------------------------------------------------------------------------------
+# `--help` from the dataclasses: every dotted field with its type, default and first docstring line.
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name → docstring (the string literal under the field, as tyro and Sphinx read it), over the
+    dataclass and its dataclass bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, nxt in zip(body, body[1:], strict=False):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldHelp:
+    """One line of `--help`: a dotted config field."""
+
+    name: str
+    """Dotted name, e.g. `rl.clip_eps`."""
+    type: str
+    """Type as shown, e.g. `FLOAT` or `[INT, ...]`."""
+    default: str
+    """Default as shown."""
+    doc: str
+    """First line of the field's docstring."""
+
+
+def _dataclass_in(tp: Any) -> type | None:
+    """The dataclass inside `tp` (also `X | None`), else None."""
+    if _is_dataclass_type(tp):
+        return tp
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(inner) == 1 and _is_dataclass_type(inner[0]):
+            return inner[0]
+    return None
+
+
+def type_name(tp: Any) -> str:
+    """A short, CLI-oriented spelling of an annotation: `FLOAT`, `[INT, INT]`, `STR|none`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        names = [type_name(a) for a in args if a is not type(None)]
+        return "|".join(names) + ("|none" if type(None) in args else "")
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"[{type_name(args[0])}, ...]"
+        return "[" + ", ".join(type_name(a) for a in args) + "]"
+    if origin is list:
+        return f"[{type_name(args[0]) if args else 'VALUE'}, ...]"
+    if origin is dict or tp is dict:
+        return "{KEY: VALUE}"
+    if origin is typing.Literal:
+        return "{" + ",".join(str(a) for a in args) + "}"
+    if _is_dataclass_type(tp):
+        return tp.__name__
+    return {int: "INT", float: "FLOAT", str: "STR", bool: "BOOL"}.get(tp, "VALUE")
+
+
+def _default_text(field: dataclasses.Field) -> str:
+    if field.default is not dataclasses.MISSING:
+        value = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+    else:
+        return "required"
+    if isinstance(value, str):
+        return value if value else "''"
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    return json.dumps(value, default=lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else list(v))
+
+
+def describe_fields(cls: type, prefix: str = "") -> list[FieldHelp]:
+    """Every leaf field of dataclass `cls`, nested dataclasses flattened into dotted names."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    out: list[FieldHelp] = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        inner = _dataclass_in(hints[f.name])
+        if inner is not None:
+            out += describe_fields(inner, f"{prefix}{f.name}.")
+            continue
+        doc = docs.get(f.name, "").split("\n\n")[0].replace("\n", " ")
+        out.append(FieldHelp(prefix + f.name, type_name(hints[f.name]), _default_text(f), doc))
+    return out
+
+
+def render_fields(fields: list[FieldHelp], width: int = 100) -> str:
+    """`--help` text of `fields`: one `--name TYPE (default: D)` line, the docstring wrapped below it."""
+    lines = []
+    for f in fields:
+        lines.append(f"  --{f.name} {f.type}  (default: {f.default})")
+        if f.doc:
+            lines += textwrap.wrap(f.doc, width, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+def render_presets(folder: str) -> str:
+    """`  name  description` for every preset of a folder."""
+    presets = list_presets(folder)
+    width = max((len(n) for n in presets), default=0)
+    return "\n".join(f"  {n:<{width}}  {preset_description(p)}" for n, p in presets.items())
+
+
+def load_run_file(path: str | Path, stage: str) -> dict[str, Any]:
+    """A saved run to rerun (`--config`): a run's or checkpoint's `config.json`, or a YAML file.
+
+    Returns `{"run": {...the stage's config fields...}, "policy": mapping or preset name (or absent)}`. A YAML
+    file may hold the run's fields at the top level (with `policy:` beside them) instead of under `run:`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file (expected a run's config.json or a YAML file)")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--config {path}: not valid JSON: {e}") from e
+    else:
+        data = load_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping")
+    if "run" not in data:
+        data = {"run": {k: v for k, v in data.items() if k != "policy"}, **({"policy": data["policy"]} if "policy" in data else {})}
+    run = dict(data["run"])
+    saved_stage = run.pop("stage", stage)
+    if saved_stage != stage:
+        raise ConfigError(f"--config {path}: a {saved_stage} run's config, not a {stage} one "
+                          f"(rerun it with `robotft {saved_stage} --config {path}`)")
+    return {**data, "run": run}
