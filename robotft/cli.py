@@ -1,7 +1,9 @@
-"""`robotft pretrain | finetune | eval | deploy | data ...`: the command line.
+"""`robotft pretrain | finetune | eval | deploy | data ... | presets`: the command line.
 
 Every config field can be overridden with a dotted flag after the named options, e.g.
-`robotft finetune --from runs/bc --algo dppo --rl.clip_eps 0.02 --env.num_envs 4`.
+`robotft finetune --from runs/bc --algo dppo --rl.clip_eps 0.02 --env.num_envs 4`; `--help` of each
+command lists every field with its type, default and description, and `--config RUN/config.json` reruns a
+saved run (flags on top).
 """
 
 from __future__ import annotations
@@ -11,17 +13,25 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from robotft.config import (
+    PRESET_FOLDERS,
     ConfigError,
     EnvConfig,
     apply_overrides,
-    find_preset,
+    describe_fields,
+    first_sentence,
     from_dict,
     load_env_config,
-    load_yaml,
+    load_preset,
+    load_run_file,
+    merge,
     parse_override_args,
+    render_fields,
+    render_presets,
     to_dict,
 )
 
@@ -44,39 +54,27 @@ def _split_overrides(overrides: dict[str, str], sections: tuple[str, ...]) -> di
 
 
 def cmd_data_generate(args: argparse.Namespace, extra: list[str]) -> int:
-    env_cfg = load_env_config(args.env, _split_overrides(parse_override_args(extra), ("env",))["env"])
+    from robotft.datasets.recipe import DatasetRecipe, build_dataset, load_recipe, source_for_backend
+
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
-    if env_cfg.backend == "maniskill":
-        from robotft.datasets.maniskill_demos import generate_maniskill_demos
-
-        stats = generate_maniskill_demos(env_cfg, args.episodes, args.out, seed=args.seed, mode=mode)
-    elif env_cfg.backend == "toy":
-        stats = _generate_toy(env_cfg, args.episodes, args.out, args.seed, mode)
-    elif env_cfg.backend == "robosuite":
-        from robotft.datasets.robosuite_demos import generate_robosuite_demos
-
-        stats = generate_robosuite_demos(env_cfg, args.episodes, args.out, seed=args.seed, mode=mode)
+    overrides = parse_override_args(extra)
+    if bool(args.recipe) == bool(args.env):
+        raise ConfigError("data generate: give a recipe (a datasets/ preset name or YAML file) or --env PRESET")
+    if args.recipe:
+        named = {k: v for k, v in (("episodes", args.episodes), ("seed", args.seed), ("out", args.out))
+                 if v is not None}
+        recipe, out = load_recipe(args.recipe, {**{k: str(v) for k, v in named.items()}, **overrides})
+        out = Path(args.out) if args.out else out
     else:
-        raise ConfigError(f"no demonstration generator for env backend {env_cfg.backend!r}")
-    print(json.dumps(stats, default=str))
+        env_overrides = _split_overrides(overrides, ("env",))["env"]
+        if args.out is None:
+            raise ConfigError("data generate --env: --out is required (a recipe names its own store)")
+        env_cfg = load_env_config(args.env)
+        recipe = DatasetRecipe(source=source_for_backend(env_cfg.backend), env=args.env, env_overrides=env_overrides,
+                               episodes=args.episodes or 100, seed=args.seed or 0)
+        out = Path(args.out)
+    print(json.dumps(build_dataset(recipe, out, mode=mode), default=str))
     return 0
-
-
-def _generate_toy(env_cfg: EnvConfig, episodes: int, out: str, seed: int, mode: str) -> dict:
-    from robotft.datasets.recording import record_rollouts, rollout_features
-    from robotft.datasets.store import DatasetWriter
-    from robotft.envs.factory import make_env
-    from robotft.envs.toy import TASKS, Nav2DExpert
-
-    env = make_env(dataclasses.replace(env_cfg, num_envs=min(episodes, env_cfg.num_envs)), device="cpu")
-    expert = Nav2DExpert(env.num_envs, obstacle_radius=TASKS[env_cfg.task], seed=seed)
-    try:
-        with DatasetWriter(out, rollout_features(env.spec), fps=env_cfg.control_hz, action_spec=env.spec.action,
-                           env=to_dict(env_cfg), source=f"scripted expert on toy/{env_cfg.task}",
-                           mode=mode) as writer:
-            return record_rollouts(env, expert, episodes, writer, seed=seed, task=env_cfg.task)
-    finally:
-        env.close()
 
 
 def cmd_data_import(args: argparse.Namespace, extra: list[str]) -> int:
@@ -150,44 +148,93 @@ def cmd_policy_import(args: argparse.Namespace, extra: list[str]) -> int:
 # -- pretrain / finetune / eval ---------------------------------------------------------------------
 
 
-def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
+def resolve_pretrain(args: argparse.Namespace, extra: list[str]) -> tuple[Any, Any]:
+    """`(PretrainConfig, policy config)` from `--config`, the presets, the named flags and dotted overrides,
+    in that order (later wins)."""
     from robotft.policies.base import policy_config_class
-    from robotft.pretrain import PretrainConfig, TrainConfig, run_pretrain
+    from robotft.pretrain import PretrainConfig
 
-    groups = _split_overrides(parse_override_args(extra), ("env", "policy", "train"))
-    env_cfg = load_env_config(args.env, groups["env"])
-    policy_path = find_preset("policies", args.policy)
-    policy_data = load_yaml(policy_path)
+    overrides = parse_override_args(extra)
+    policy_overrides = {k[len("policy."):]: v for k, v in overrides.items() if k.startswith("policy.")}
+    run_overrides = {k: v for k, v in overrides.items() if not k.startswith("policy.")}
+    saved = load_run_file(args.config, "pretrain") if args.config else {"run": {}}
+    run = dict(saved["run"])
+    if args.env:
+        run["env"] = to_dict(load_env_config(args.env))
+    elif "env" not in run:
+        raise ConfigError("pretrain: --env is required (or --config with a saved run)")
+    named = {"data": args.data, "out": args.out}
+    run.update({k: v for k, v in named.items() if v is not None})
+    run["train"] = merge(run.get("train", {}), {k: v for k, v in (("steps", args.steps), ("seed", args.seed))
+                                                if v is not None})
+    if args.data is not None:
+        run["data"] = _dataset_path(args.data)
+    if not run.get("data"):
+        raise ConfigError("pretrain: --data is required (a dataset store or a recipe in datasets/)")
+    cfg = from_dict(PretrainConfig, run, where=str(args.config or "pretrain"))
+    cfg = apply_overrides(cfg, run_overrides) if run_overrides else cfg
+
+    policy = args.policy or saved.get("policy")
+    if policy is None:
+        raise ConfigError("pretrain: --policy is required (or --config with a saved run)")
+    where, policy_data = load_preset("policies", policy) if isinstance(policy, str) else (args.config, policy)
     if "type" not in policy_data:
-        raise ConfigError(f"{policy_path}: missing key 'type' (the registered policy name)")
-    policy_cfg = from_dict(policy_config_class(policy_data["type"]), policy_data, where=str(policy_path))
-    policy_cfg = apply_overrides(policy_cfg, groups["policy"], prefix="policy.") if groups["policy"] else policy_cfg
-    train = TrainConfig(steps=args.steps, seed=args.seed)
-    train = apply_overrides(train, groups["train"], prefix="train.") if groups["train"] else train
-    cfg = PretrainConfig(data=args.data, out=args.out, env=env_cfg, train=train)
+        raise ConfigError(f"{where}: missing key 'type' (the registered policy name)")
+    policy_cfg = from_dict(policy_config_class(policy_data["type"]), policy_data, where=str(where))
+    policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.") if policy_overrides else policy_cfg
+    return cfg, policy_cfg
+
+
+def _dataset_path(data: str) -> str:
+    """A dataset store path, or the store of a recipe in `datasets/` (built first when it is missing)."""
+    from robotft.datasets.recipe import ensure_dataset, is_recipe
+
+    if Path(data).exists() or not is_recipe(data):
+        return data
+    return str(ensure_dataset(data))
+
+
+def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
+    from robotft.pretrain import run_pretrain
+
+    cfg, policy_cfg = resolve_pretrain(args, extra)
     out = run_pretrain(cfg, policy_cfg, resume=args.resume)
     print(f"checkpoint: {out / 'checkpoint'}\nlogs: tensorboard --logdir {out / 'tb'}", file=sys.stderr)
     return 0
 
 
-def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
-    from robotft.finetune import FinetuneConfig, run_finetune
+def resolve_finetune(args: argparse.Namespace, extra: list[str]) -> tuple[Any, dict[str, str]]:
+    """`(FinetuneConfig, policy overrides)` from `--config`, the env preset, the named flags and dotted
+    overrides, in that order (later wins)."""
+    from robotft.finetune import FinetuneConfig
 
-    groups = _split_overrides(parse_override_args(extra), ("env", "policy", "rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout", ""))
-    env_cfg = None
+    overrides = parse_override_args(extra)
+    policy_overrides = {k[len("policy."):]: v for k, v in overrides.items() if k.startswith("policy.")}
+    run_overrides = {k: v for k, v in overrides.items() if not k.startswith("policy.")}
+    saved = load_run_file(args.config, "finetune") if args.config else {"run": {}}
+    run = dict(saved["run"])
+    named = {"source": args.source, "out": args.out, "algo": args.algo, "seed": args.seed}
+    run.update({k: v for k, v in named.items() if v is not None})
+    if args.iterations is not None:
+        run["rl"] = merge(run.get("rl", {}), {"iterations": args.iterations})
     if args.env:
-        env_cfg = load_env_config(args.env, groups["env"])
-    elif groups["env"]:
+        run["env"] = to_dict(load_env_config(args.env))
+    elif run.get("env") is None and any(k.startswith("env.") for k in run_overrides):
         from robotft.checkpoint import read_checkpoint
 
-        base = from_dict(EnvConfig, read_checkpoint(args.source).config["env"])
-        env_cfg = apply_overrides(base, groups["env"], prefix="env.")
-    cfg = FinetuneConfig(source=args.source, out=args.out, algo=args.algo, env=env_cfg, seed=args.seed)
-    cfg.rl.iterations = args.iterations
-    section_overrides = {f"{s}.{k}": v for s in ("rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout") for k, v in groups[s].items()}
-    section_overrides.update(groups[""])
-    cfg = apply_overrides(cfg, section_overrides) if section_overrides else cfg
-    out = run_finetune(cfg, policy_overrides=groups["policy"], resume=args.resume)
+        run["env"] = read_checkpoint(run.get("source", "")).config["env"]
+    if not run.get("source"):
+        raise ConfigError("finetune: --from is required (or --config with a saved run)")
+    cfg = from_dict(FinetuneConfig, run, where=str(args.config or "finetune"))
+    cfg = apply_overrides(cfg, run_overrides) if run_overrides else cfg
+    return cfg, policy_overrides
+
+
+def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
+    from robotft.finetune import run_finetune
+
+    cfg, policy_overrides = resolve_finetune(args, extra)
+    out = run_finetune(cfg, policy_overrides=policy_overrides, resume=args.resume)
     print(f"checkpoint: {out / 'checkpoint'}\nlearning curve: {out / 'learning_curve.png'}\n"
           f"logs: tensorboard --logdir {out / 'tb'}", file=sys.stderr)
     return 0
@@ -199,6 +246,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.envs.chunked import ChunkedEnv
     from robotft.envs.factory import make_env
     from robotft.evaluation import evaluate
+    from robotft.runlog import progress_bar
 
     device = resolve_device(args.device)
     policy, ckpt = load_policy(args.checkpoint, device=device)
@@ -214,8 +262,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     env = make_env(env_cfg, device=device)
     try:
         chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
-        result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, args.episodes,
-                          seed=args.seed, video_path=args.video)
+        with progress_bar(total=args.episodes, desc="eval", unit="episode") as bar:
+            result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, args.episodes,
+                              seed=args.seed, video_path=args.video, progress=bar.update)
     finally:
         env.close()
     lo, hi = result.ci95
@@ -231,14 +280,15 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_deploy(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.real_robot.deploy import DeployOptions, deploy
 
-    if extra:
-        raise ConfigError(f"deploy: unexpected arguments {extra}")
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
-    summary = deploy(DeployOptions(
+    options = DeployOptions(
         checkpoint=args.checkpoint, rig=args.rig, episodes=args.episodes, record=args.record, record_mode=mode,
         no_operator=args.no_operator, executor=args.executor, out=args.out, episode_time_s=args.episode_time,
         seed=args.seed, device=args.device,
-    ))
+    )
+    overrides = parse_override_args(extra)
+    options = apply_overrides(options, overrides) if overrides else options
+    summary = deploy(options)
     lo, hi = summary["ci95"]
     print(f"success {summary['success_rate']:.3f} (95% CI {lo:.3f}-{hi:.3f}) over {summary['scored']} scored "
           f"episodes; latency report {summary['latency_json']}", file=sys.stderr)
@@ -246,20 +296,142 @@ def cmd_deploy(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_presets(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        raise ConfigError(f"presets: unexpected arguments {extra}")
+    folders = [_PRESET_KINDS[args.kind]] if args.kind else list(PRESET_FOLDERS)
+    for folder in folders:
+        print(f"{folder}/  (--{_PRESET_FLAG[folder]} NAME)")
+        print(render_presets(folder) or "  (none)")
+    return 0
+
+
+_PRESET_FLAG = {"envs": "env", "policies": "policy", "real_robot": "rig", "datasets": "data"}
+_PRESET_KINDS = {"envs": "envs", "policies": "policies", "rigs": "real_robot", "real_robot": "real_robot",
+                 "datasets": "datasets"}
+
+
+# -- --help: the manual ----------------------------------------------------------------------------
+
+
+class _ManualHelp(argparse.Action):
+    """`-h/--help`: argparse's usage, then `manual(namespace)`: every config field and the choices.
+
+    Built only when asked for, because listing algorithms and policies imports torch."""
+
+    def __init__(self, option_strings: list[str], manual: Callable[[argparse.Namespace], str] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,
+                         help="show this help: every option, config field and preset, then exit")
+        self.manual = manual
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        text = parser.format_help()
+        if self.manual is not None:
+            text += "\n" + self.manual(namespace).rstrip() + "\n"
+        parser._print_message(text, sys.stdout)
+        parser.exit()
+
+
+def _section(title: str, body: str) -> str:
+    return f"{title}\n{body}\n"
+
+
+def _presets_section(folder: str, flag: str) -> str:
+    return _section(f"{flag} choices (presets in {folder}/, or a YAML path):", render_presets(folder) or "  (none)")
+
+
+def _fields_section(title: str, cls: type, prefix: str = "", skip: tuple[str, ...] = ()) -> str:
+    fields = [f for f in describe_fields(cls, prefix) if f.name not in skip]
+    return _section(title, render_fields(fields))
+
+
+def manual_pretrain(ns: argparse.Namespace) -> str:
+    from robotft.policies.base import PolicyConfig, policy_config_class
+    from robotft.pretrain import PretrainConfig
+
+    policy = getattr(ns, "policy", None)
+    if policy:
+        _, data = load_preset("policies", policy)
+        policy_cls, which = policy_config_class(data.get("type", "")), f"policy preset {policy!r}"
+    else:
+        policy_cls, which = PolicyConfig, "every policy; give --policy NAME before --help for its own fields"
+    return "\n".join([
+        _presets_section("envs", "--env"), _presets_section("policies", "--policy"),
+        _presets_section("datasets", "--data (a store path, or a recipe: built when missing)"),
+        _fields_section("Config fields (--FIELD VALUE after the options above):", PretrainConfig),
+        _fields_section(f"Policy fields ({which}):", policy_cls, "policy."),
+    ])
+
+
+def manual_finetune(ns: argparse.Namespace) -> str:
+    from robotft.finetune import ALGORITHMS, FinetuneConfig
+
+    algos = "\n".join(f"  {name:<14} {first_sentence(sys.modules[cls.__module__].__doc__)}"
+                      for name, cls in ALGORITHMS.items())
+    return "\n".join([
+        _section("--algo choices (each reads the config section of the same name):", algos),
+        _presets_section("envs", "--env"),
+        _fields_section("Config fields (--FIELD VALUE after the options above; --policy.FIELD sets a field of "
+                        "the checkpoint's policy):", FinetuneConfig),
+    ])
+
+
+def manual_eval(ns: argparse.Namespace) -> str:
+    return "\n".join([_presets_section("envs", "--env"),
+                      _fields_section("Env fields (--env.FIELD VALUE, on top of the checkpoint's env):",
+                                      EnvConfig, "env.")])
+
+
+def manual_deploy(ns: argparse.Namespace) -> str:
+    from robotft.real_robot.deploy import DeployOptions
+
+    return "\n".join([_presets_section("real_robot", "--rig"),
+                      _fields_section("Deploy fields (each also settable as --FIELD VALUE):", DeployOptions)])
+
+
+def manual_data_generate(ns: argparse.Namespace) -> str:
+    from robotft.datasets.recipe import SOURCES, DatasetRecipe
+
+    sources = "\n".join(f"  {name:<26} {reg.description}" + (f" (--env {reg.backend}/...)" if reg.backend else "")
+                        for name, reg in SOURCES.items())
+    return "\n".join([
+        _presets_section("datasets", "RECIPE"), _section("Sources (a recipe's `source:`):", sources),
+        _fields_section("Recipe fields (a recipe's keys; --FIELD VALUE overrides one):", DatasetRecipe),
+        _presets_section("envs", "--env"),
+        _fields_section("Env fields (--env.FIELD VALUE with --env):", EnvConfig, "env."),
+    ])
+
+
+def manual_data(ns: argparse.Namespace) -> str:
+    return manual_data_generate(ns)
+
+
+def _add_parser(sub: Any, name: str, manual: Callable[[argparse.Namespace], str] | None = None,
+                **kwargs: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, add_help=False, **kwargs)
+    p.add_argument("-h", "--help", action=_ManualHelp, manual=manual)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="robotft", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    data = sub.add_parser("data", help="create, import, inspect and validate datasets")
+    data = _add_parser(sub, "data", manual_data, help="create, import, inspect and validate datasets")
     dsub = data.add_subparsers(dest="data_command", required=True)
-    g = dsub.add_parser("generate", help="scripted/motion-planned demonstrations into a dataset store")
-    g.add_argument("--env", required=True, help="env preset, e.g. maniskill/push_cube")
-    g.add_argument("-n", "--episodes", type=int, required=True)
-    g.add_argument("--out", required=True)
-    g.add_argument("--seed", type=int, default=0)
+    g = _add_parser(dsub, "generate", manual_data_generate,
+                    help="build a dataset from a recipe (datasets/), or demonstrations of an env preset")
+    g.add_argument("recipe", nargs="?", default=None,
+                   help="recipe: a name in datasets/ (e.g. maniskill/pick_cube) or a YAML file")
+    g.add_argument("--env", default=None, help="instead of a recipe: an env preset, its backend's demo generator")
+    g.add_argument("-n", "--episodes", type=int, default=None, help="episodes (default: the recipe's, else 100)")
+    g.add_argument("--out", default=None, help="store to write (default: the recipe's, data/<recipe>.zarr)")
+    g.add_argument("--seed", type=int, default=None, help="first seed (default: the recipe's, else 0)")
     _add_write_mode(g)
     g.set_defaults(func=cmd_data_generate)
-    im = dsub.add_parser("import", help="import ManiSkill .h5, robomimic .hdf5 files or a LeRobot dataset")
+    im = _add_parser(dsub, "import", help="import ManiSkill .h5, robomimic .hdf5 files or a LeRobot dataset")
     im.add_argument("files", nargs="*", type=Path)
     im.add_argument("--out", required=True)
     im.add_argument("--control-mode", default=None, help="expected control mode (checked)")
@@ -271,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_key_map_args(im)
     _add_write_mode(im)
     im.set_defaults(func=cmd_data_import)
-    ex = dsub.add_parser("export", help="write a dataset store as a LeRobot v3.0 dataset (images as video)")
+    ex = _add_parser(dsub, "export", help="write a dataset store as a LeRobot v3.0 dataset (images as video)")
     ex.add_argument("path", help="the robotft dataset store")
     ex.add_argument("--to-lerobot", required=True, metavar="OUT", help="directory of the new LeRobot dataset")
     ex.add_argument("--repo-id", required=True, help="the LeRobot repo id recorded in it, e.g. user/pick_cube")
@@ -280,16 +452,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     _add_key_map_args(ex)
     ex.set_defaults(func=cmd_data_export)
-    info = dsub.add_parser("info", help="summarize a dataset store")
+    info = _add_parser(dsub, "info", help="summarize a dataset store")
     info.add_argument("path")
     info.set_defaults(func=cmd_data_info)
-    val = dsub.add_parser("validate", help="check a dataset store; exit 1 when invalid")
+    val = _add_parser(dsub, "validate", help="check a dataset store; exit 1 when invalid")
     val.add_argument("path")
     val.set_defaults(func=cmd_data_validate)
 
-    pol = sub.add_parser("policy", help="bring policies from other toolkits into robotft checkpoints")
+    pol = _add_parser(sub, "policy", help="bring policies from other toolkits into robotft checkpoints")
     psub = pol.add_subparsers(dest="policy_command", required=True)
-    pim = psub.add_parser("import", help="a LeRobot DiffusionPolicy or SmolVLA pretrained_model directory")
+    pim = _add_parser(psub, "import", help="a LeRobot DiffusionPolicy or SmolVLA pretrained_model directory")
     pim.add_argument("--from-lerobot", required=True, metavar="DIR", help="LeRobot pretrained_model directory")
     pim.add_argument("--env", required=True, help="env preset the policy acts in, e.g. maniskill/pick_cube")
     pim.add_argument("--out", required=True, help="robotft checkpoint directory to write")
@@ -299,27 +471,31 @@ def build_parser() -> argparse.ArgumentParser:
                           "observation.environment_state=state")
     pim.set_defaults(func=cmd_policy_import)
 
-    pre = sub.add_parser("pretrain", help="BC pretraining on a dataset")
-    pre.add_argument("--env", required=True)
-    pre.add_argument("--policy", required=True, help="policy preset, e.g. diffusion_mlp")
-    pre.add_argument("--data", required=True)
-    pre.add_argument("--steps", type=int, default=2000)
-    pre.add_argument("--out", required=True)
-    pre.add_argument("--seed", type=int, default=0)
+    pre = _add_parser(sub, "pretrain", manual_pretrain, help="BC pretraining on a dataset")
+    pre.add_argument("--config", default=None, metavar="PATH",
+                     help="rerun a saved run: its config.json (or a YAML file); the flags below go on top")
+    pre.add_argument("--env", default=None, help="env preset, e.g. maniskill/push_cube")
+    pre.add_argument("--policy", default=None, help="policy preset, e.g. diffusion_mlp")
+    pre.add_argument("--data", default=None, help="dataset store, or a recipe in datasets/ (built when missing)")
+    pre.add_argument("--steps", type=int, default=None, help="gradient steps (= --train.steps)")
+    pre.add_argument("--out", default=None, help="run directory")
+    pre.add_argument("--seed", type=int, default=None, help="= --train.seed")
     pre.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
     pre.set_defaults(func=cmd_pretrain)
 
-    ft = sub.add_parser("finetune", help="RL fine-tuning in simulation")
-    ft.add_argument("--from", dest="source", required=True, help="pretrained checkpoint or run directory")
-    ft.add_argument("--algo", default="dppo")
-    ft.add_argument("--iterations", type=int, default=20)
-    ft.add_argument("--out", required=True)
+    ft = _add_parser(sub, "finetune", manual_finetune, help="RL fine-tuning in simulation")
+    ft.add_argument("--config", default=None, metavar="PATH",
+                    help="rerun a saved run: its config.json (or a YAML file); the flags below go on top")
+    ft.add_argument("--from", dest="source", default=None, help="pretrained checkpoint or run directory")
+    ft.add_argument("--algo", default=None, help="fine-tuning algorithm (default dppo; choices below)")
+    ft.add_argument("--iterations", type=int, default=None, help="= --rl.iterations")
+    ft.add_argument("--out", default=None, help="run directory")
     ft.add_argument("--env", default=None, help="env preset (default: the checkpoint's env)")
-    ft.add_argument("--seed", type=int, default=0)
+    ft.add_argument("--seed", type=int, default=None)
     ft.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
     ft.set_defaults(func=cmd_finetune)
 
-    ev = sub.add_parser("eval", help="evaluate a checkpoint in simulation")
+    ev = _add_parser(sub, "eval", manual_eval, help="evaluate a checkpoint in simulation")
     ev.add_argument("checkpoint")
     ev.add_argument("--episodes", type=int, default=50)
     ev.add_argument("--num-envs", type=int, default=1)
@@ -331,7 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ev.set_defaults(func=cmd_eval)
 
-    dep = sub.add_parser("deploy", help="run a checkpoint on a rig (real or simulated Franka), record, report")
+    dep = _add_parser(sub, "deploy", manual_deploy,
+                      help="run a checkpoint on a rig (real or simulated Franka), record, report")
     dep.add_argument("checkpoint")
     dep.add_argument("--rig", required=True, help="rig preset, e.g. real_robot/sim_franka.yaml or sim_franka")
     dep.add_argument("--episodes", type=int, default=1)
@@ -347,6 +524,11 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--device", default="auto")
     _add_write_mode(dep)
     dep.set_defaults(func=cmd_deploy)
+
+    pr = _add_parser(sub, "presets", help="list the presets (envs, policies, rigs, datasets) with a description")
+    pr.add_argument("kind", nargs="?", default=None, choices=sorted(_PRESET_KINDS),
+                    help="only this kind (default: all)")
+    pr.set_defaults(func=cmd_presets)
     return p
 
 

@@ -15,6 +15,7 @@ import importlib.resources
 import inspect
 import json
 import os
+import re
 import textwrap
 import types
 import typing
@@ -88,14 +89,22 @@ def find_preset(folder: str, name: str) -> Any:
     )
 
 
+def first_sentence(text: str | None, limit: int = 140) -> str:
+    """The first sentence of the first paragraph of `text`, on one line (cut at `limit` characters)."""
+    para = " ".join((text or "").strip().split("\n\n")[0].split())
+    end = re.search(r"(?<!\bal)(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z(`])", para)
+    sentence = para if end is None else para[: end.start() + 1]
+    return sentence if len(sentence) <= limit else sentence[: limit - 3].rstrip() + "..."
+
+
 def preset_description(path: Any) -> str:
-    """The first comment line of a preset file: its one-line description."""
+    """The first sentence of a preset file's leading comment: its one-line description."""
+    lines = []
     for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("#").strip()
-        if line.strip():
+        if not line.startswith("#"):
             break
-    return ""
+        lines.append(line.lstrip("#").strip())
+    return first_sentence("\n".join(lines))
 
 
 def load_yaml(path: Any) -> dict[str, Any]:

@@ -16,7 +16,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from robotft.config import ConfigError, EnvConfig, find_preset, from_dict, load_env_config, load_preset, to_dict
+from robotft.config import (
+    ConfigError,
+    EnvConfig,
+    find_preset,
+    from_dict,
+    load_env_config,
+    load_preset,
+    to_dict,
+)
 
 
 @dataclasses.dataclass
