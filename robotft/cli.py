@@ -34,6 +34,7 @@ from robotft.config import (
     render_presets,
     to_dict,
 )
+from robotft.optional import MissingDependency
 
 
 def _split_overrides(overrides: dict[str, str], sections: tuple[str, ...]) -> dict[str, dict[str, str]]:
@@ -167,6 +168,8 @@ def resolve_pretrain(args: argparse.Namespace, extra: list[str]) -> tuple[Any, A
     run.update({k: v for k, v in named.items() if v is not None})
     run["train"] = merge(run.get("train", {}), {k: v for k, v in (("steps", args.steps), ("seed", args.seed))
                                                 if v is not None})
+    if args.wandb:
+        run["wandb"] = merge(run.get("wandb", {}), {"enabled": True})
     if args.data is not None:
         run["data"] = _dataset_path(args.data)
     if not run.get("data"):
@@ -217,6 +220,8 @@ def resolve_finetune(args: argparse.Namespace, extra: list[str]) -> tuple[Any, d
     run.update({k: v for k, v in named.items() if v is not None})
     if args.iterations is not None:
         run["rl"] = merge(run.get("rl", {}), {"iterations": args.iterations})
+    if args.wandb:
+        run["wandb"] = merge(run.get("wandb", {}), {"enabled": True})
     if args.env:
         run["env"] = to_dict(load_env_config(args.env))
     elif run.get("env") is None and any(k.startswith("env.") for k in run_overrides):
@@ -481,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--out", default=None, help="run directory")
     pre.add_argument("--seed", type=int, default=None, help="= --train.seed")
     pre.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    pre.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (= --wandb.enabled true)")
     pre.set_defaults(func=cmd_pretrain)
 
     ft = _add_parser(sub, "finetune", manual_finetune, help="RL fine-tuning in simulation")
@@ -493,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--env", default=None, help="env preset (default: the checkpoint's env)")
     ft.add_argument("--seed", type=int, default=None)
     ft.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    ft.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (= --wandb.enabled true)")
     ft.set_defaults(func=cmd_finetune)
 
     ev = _add_parser(sub, "eval", manual_eval, help="evaluate a checkpoint in simulation")
@@ -559,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     set_cpu_threads()
     try:
         return args.func(args, extra)
-    except (ValueError, KeyError, FileNotFoundError) as e:
+    except (ValueError, KeyError, FileNotFoundError, MissingDependency) as e:
         # Config, dataset and checkpoint errors are ValueErrors whose message names the file, key or value.
         # ROBOTFT_DEBUG=1 shows the traceback instead.
         if os.environ.get("ROBOTFT_DEBUG"):

@@ -35,7 +35,7 @@ from robotft.rl.ppo import PPO, PPOConfig
 from robotft.rl.reinflow import ReinFlow, ReinFlowConfig
 from robotft.rl.residual_ppo import ResidualPPO, ResidualPPOConfig
 from robotft.rl.rollout import RolloutConfig
-from robotft.runlog import NullLogger, RunLogger, plot_curves, read_metrics
+from robotft.runlog import NullLogger, RunLogger, WandbConfig, plot_curves, progress_bar, read_metrics
 from robotft.specs import EnvSpec
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
@@ -61,11 +61,17 @@ class FinetuneConfig:
     env: EnvConfig | None = None
     """Training env; defaults to the checkpoint's env."""
     rl: PPOConfig = dataclasses.field(default_factory=PPOConfig)
+    """The PPO core shared by every algorithm."""
     dppo: DPPOConfig = dataclasses.field(default_factory=DPPOConfig)
+    """`--algo dppo`."""
     ppo: GaussianPPOConfig = dataclasses.field(default_factory=GaussianPPOConfig)
+    """`--algo ppo`."""
     residual_ppo: ResidualPPOConfig = dataclasses.field(default_factory=ResidualPPOConfig)
+    """`--algo residual_ppo`."""
     reinflow: ReinFlowConfig = dataclasses.field(default_factory=ReinFlowConfig)
+    """`--algo reinflow`."""
     flow_sde: FlowSDEConfig = dataclasses.field(default_factory=FlowSDEConfig)
+    """`--algo flow_sde`."""
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     """Where rollouts run: in this process (default) or on Ray env workers (robotft.rl.rollout)."""
     eval_every: int = 5
@@ -80,7 +86,11 @@ class FinetuneConfig:
     save_every: int = 5
     """Iterations between checkpoints (the last is always saved)."""
     seed: int = 0
+    """Seed of the policy's sampling, the envs (rank r uses seed + r) and evaluation (seed + 1e6)."""
     device: str = "auto"
+    """`auto` (CUDA when present), `cpu` or `cuda`."""
+    wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
+    """Weights & Biases logging (`--wandb` turns it on)."""
 
 
 def make_algorithm(name: str, policy: Policy, cfg: FinetuneConfig) -> Algorithm:
@@ -182,8 +192,9 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
 
     def run_eval() -> EvalResult:
         policy.eval()
-        result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked_eval,
-                          cfg.eval_episodes, seed=cfg.seed + 1_000_000)
+        with progress_bar(total=cfg.eval_episodes, desc="evaluate", unit="episode", leave=False) as bar:
+            result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked_eval,
+                              cfg.eval_episodes, seed=cfg.seed + 1_000_000, progress=bar.update)
         if eval_env is env:
             ppo.restart_episodes()  # evaluation left the shared envs mid-episode
         return result
@@ -202,12 +213,13 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
 
     metrics: dict[str, Any] = {}
     try:
-        logger = RunLogger(out, resume_step=ppo.env_steps if resuming else None) if ctx.is_main else NullLogger()
+        logger = (RunLogger(out, resume_step=ppo.env_steps if resuming else None, wandb=cfg.wandb, config=run_config)
+                  if ctx.is_main else NullLogger())
         with logger as log:
             if ctx.is_main and cfg.eval_episodes > 0 and ppo.iteration == 0:
                 metrics = _log_eval(log, ppo, run_eval(), "before fine-tuning", wall_seconds())
-            bar = tqdm(range(ppo.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]", initial=ppo.iteration,
-                       total=cfg.rl.iterations, dynamic_ncols=True, file=sys.stderr, disable=not ctx.is_main)
+            bar = progress_bar(range(ppo.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]",
+                               initial=ppo.iteration, total=cfg.rl.iterations, disable=not ctx.is_main)
             for _ in bar:
                 buf, next_value, stats = ppo.collect() if collector is None else collector.collect(ppo)
                 t0 = time.perf_counter()
@@ -224,11 +236,13 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                     scalars["train/success_rate"] = stats.successes / stats.episodes
                     scalars["train/episode_return"] = float(np.mean(stats.episode_returns))
                 log.log(ppo.env_steps, scalars)
-                bar.set_postfix(sr=f"{scalars.get('train/success_rate', float('nan')):.2f}",
-                                kl=f"{update.get('approx_kl', 0.0):.3f}")
                 last = ppo.iteration == cfg.rl.iterations
                 if ctx.is_main and cfg.eval_episodes > 0 and (last or ppo.iteration % cfg.eval_every == 0):
                     metrics = _log_eval(log, ppo, run_eval(), f"iteration {ppo.iteration}", wall_seconds())
+                # KL is ~1e-4 per update: scientific notation. `eval` is the last evaluation's success rate
+                # (the rollouts' own success, noisy and exploring, is `train/success_rate` in the logs).
+                bar.set_postfix(eval=f"{metrics['success_rate']:.2f}" if metrics else "-",
+                                kl=f"{update.get('approx_kl', 0.0):.1e}")
                 if ctx.is_main and (last or ppo.iteration % cfg.save_every == 0):
                     save(metrics)
             bar.close()

@@ -26,7 +26,7 @@ from robotft.datasets.store import ReplayBuffer
 from robotft.distributed import DistContext, distributed
 from robotft.policies.base import Policy, PolicyConfig, build_policy
 from robotft.policies.vision import image_encoder_without_file
-from robotft.runlog import NullLogger, RunLogger
+from robotft.runlog import NullLogger, RunLogger, WandbConfig, progress_bar
 from robotft.specs import EnvSpec, FeatureSpec
 
 
@@ -73,6 +73,9 @@ class PretrainConfig:
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     """Simulated task used for evaluation (and whose spec must match the dataset's)."""
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    """Optimisation, evaluation and checkpointing."""
+    wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
+    """Weights & Biases logging (`--wandb` turns it on)."""
 
 
 def fit_normalizer(buffer: ReplayBuffer, policy_cfg: PolicyConfig) -> Normalizer:
@@ -190,10 +193,12 @@ def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, ctx: 
         )
 
     metrics: dict[str, Any] = {}
-    logger = RunLogger(out, resume_step=start_step if previous is not None else None) if ctx.is_main else NullLogger()
+    logger = (RunLogger(out, resume_step=start_step if previous is not None else None, wandb=cfg.wandb,
+                        config={"run": run_config, "policy": to_dict(policy.config)})
+              if ctx.is_main else NullLogger())
     with logger as log:
-        bar = tqdm(range(start_step, cfg.train.steps), desc="pretrain", initial=start_step,
-                   total=cfg.train.steps, dynamic_ncols=True, file=sys.stderr, disable=not ctx.is_main)
+        bar = progress_bar(range(start_step, cfg.train.steps), desc="pretrain", initial=start_step,
+                           total=cfg.train.steps, disable=not ctx.is_main)
         t0, last_log = time.perf_counter(), start_step
         for step in bar:
             policy.train()
@@ -255,7 +260,9 @@ def evaluate_in_env(policy: Policy, env_cfg: EnvConfig, episodes: int, num_envs:
     try:
         chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
         policy.eval()
-        return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, episodes, seed=seed)
+        with progress_bar(total=episodes, desc="evaluate", unit="episode", leave=False) as bar:
+            return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, episodes, seed=seed,
+                            progress=bar.update)
     finally:
         env.close()
 

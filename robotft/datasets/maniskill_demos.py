@@ -43,17 +43,25 @@ run._main(run.parse_args(), start_seed=seed)
 
 
 def _run_streaming(cmd: list[str], what: str, progress: bool) -> None:
-    """Run `cmd`, forwarding its output to stderr when `progress`; raise with its tail on failure."""
+    """Run `cmd`, forwarding its output to stderr when `progress` and stderr is a terminal (the tools redraw
+    tqdm bars, which in a log file become one endless line); otherwise one line when it starts and one when
+    it ends. Raise with the output's tail on failure."""
+    live = progress and sys.stderr.isatty()
+    t0 = time.perf_counter()
+    if progress and not live:
+        print(f"{what}: running", file=sys.stderr, flush=True)
     tail = b""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
         assert proc.stdout is not None
         # Read raw chunks, not lines: tqdm redraws with "\r" and would otherwise appear only at the end.
         while chunk := os.read(proc.stdout.fileno(), 4096):
             tail = (tail + chunk)[-4000:]
-            if progress:
+            if live:
                 sys.stderr.write(chunk.decode(errors="replace"))
                 sys.stderr.flush()
         rc = proc.wait()
+    if progress and not live and rc == 0:
+        print(f"{what}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     if rc != 0:
         raise RuntimeError(
             f"{what} failed (exit code {rc}): {' '.join(cmd)}\n--- last output ---\n"
@@ -73,7 +81,8 @@ def generate_maniskill_demos(
     `env_cfg.control_mode` / `env_cfg.obs_mode` and write the store `out`.
 
     Planning seeds start at `seed` and skip seeds the planner fails on. Returns stats:
-    `planned` (successful plans), `replayed` (successful replays), `kept` (episodes written),
+    `planned` (successful plans), `planner_attempts` (seeds tried), `planner_failure_rate` (the share of
+    tried seeds the planner failed on), `replayed` (successful replays), `kept` (episodes written),
     `plan_seconds`, `replay_seconds`, `import_seconds`, `seconds` and `out`.
     """
     if env_cfg.backend != "maniskill":
@@ -107,10 +116,17 @@ def generate_maniskill_demos(
         planned_h5 = tmp / env_cfg.task / "motionplanning" / "plan.h5"
         plan_meta = _read_json(planned_h5.with_suffix(".json"))
         planned = len(plan_meta["episodes"])
+        # The planner tries seeds seed, seed + 1, ... and keeps the successful ones: the last kept seed says
+        # how many it tried.
+        last_seed = max((int(ep.get("episode_seed", seed)) for ep in plan_meta["episodes"]), default=seed - 1)
+        attempts = max(last_seed - seed + 1, planned)
         if env_cfg.kwargs:
             plan_meta["env_info"]["env_kwargs"].update(env_cfg.kwargs)
             planned_h5.with_suffix(".json").write_text(json.dumps(plan_meta))
         t1 = time.perf_counter()
+        if progress:  # the replay tool draws one bar per trajectory: thousands of lines, so it runs quietly
+            print(f"ManiSkill trajectory replay of {planned} demos into {env_cfg.control_mode}", file=sys.stderr,
+                  flush=True)
         _run_streaming(
             [
                 sys.executable,
@@ -129,8 +145,8 @@ def generate_maniskill_demos(
                 "--record-rewards",
                 "--save-traj",
             ],
-            "ManiSkill trajectory replay",
-            progress,
+            f"ManiSkill trajectory replay of {planned} demos into {env_cfg.control_mode}",
+            False,
         )
         t2 = time.perf_counter()
         # The replay tool names its output plan.<obs_mode>.<control_mode>.<backend>.h5.
@@ -145,6 +161,8 @@ def generate_maniskill_demos(
     t3 = time.perf_counter()
     return {
         "planned": planned,
+        "planner_attempts": attempts,
+        "planner_failure_rate": (attempts - planned) / attempts if attempts else 0.0,
         "replayed": stats["successes"],
         "kept": stats["kept"],
         "plan_seconds": t1 - t0,

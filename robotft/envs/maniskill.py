@@ -15,6 +15,7 @@ mani_skill is imported lazily, inside the functions that build envs.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
 from typing import Any
 
@@ -170,7 +171,29 @@ def _import_mani_skill() -> Any:
         import mani_skill.envs  # noqa: F401 - registers the ManiSkill tasks with gymnasium
     except ImportError as e:
         raise ImportError(f"the maniskill env backend needs mani_skill ({e}); {INSTALL_HINT}") from e
+    from mani_skill.utils.logging_utils import logger
+
+    if not any(isinstance(f, _OncePerProcess) for f in logger.filters):
+        logger.addFilter(_OncePerProcess())
     return gym
+
+
+class _OncePerProcess(logging.Filter):
+    """Pass each distinct ManiSkill warning once per process: on a machine without CUDA, every env creation
+    warns that the `sapien_cuda` render device was not found and falls back to the CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        message = record.getMessage()
+        if message in self._seen:
+            return False
+        self._seen.add(message)
+        return True
 
 
 def _flatten(tree: dict) -> torch.Tensor | None:
