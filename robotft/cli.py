@@ -251,7 +251,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.envs.chunked import ChunkedEnv
     from robotft.envs.factory import make_env
     from robotft.evaluation import evaluate
-    from robotft.runlog import progress_bar
+    from robotft.runlog import capped_update, progress_bar
 
     device = resolve_device(args.device)
     policy, ckpt = load_policy(args.checkpoint, device=device)
@@ -269,7 +269,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
         with progress_bar(total=args.episodes, desc="eval", unit="episode") as bar:
             result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, args.episodes,
-                              seed=args.seed, video_path=args.video, progress=bar.update)
+                              seed=args.seed, video_path=args.video, progress=capped_update(bar))
     finally:
         env.close()
     lo, hi = result.ci95

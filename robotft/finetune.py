@@ -35,7 +35,15 @@ from robotft.rl.ppo import PPO, PPOConfig
 from robotft.rl.reinflow import ReinFlow, ReinFlowConfig
 from robotft.rl.residual_ppo import ResidualPPO, ResidualPPOConfig
 from robotft.rl.rollout import RolloutConfig
-from robotft.runlog import NullLogger, RunLogger, WandbConfig, plot_curves, progress_bar, read_metrics
+from robotft.runlog import (
+    NullLogger,
+    RunLogger,
+    WandbConfig,
+    capped_update,
+    plot_curves,
+    progress_bar,
+    read_metrics,
+)
 from robotft.specs import EnvSpec
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
@@ -194,7 +202,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
         policy.eval()
         with progress_bar(total=cfg.eval_episodes, desc="evaluate", unit="episode", leave=False) as bar:
             result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked_eval,
-                              cfg.eval_episodes, seed=cfg.seed + 1_000_000, progress=bar.update)
+                              cfg.eval_episodes, seed=cfg.seed + 1_000_000, progress=capped_update(bar))
         if eval_env is env:
             ppo.restart_episodes()  # evaluation left the shared envs mid-episode
         return result

@@ -26,7 +26,7 @@ from robotft.datasets.store import ReplayBuffer
 from robotft.distributed import DistContext, distributed
 from robotft.policies.base import Policy, PolicyConfig, build_policy
 from robotft.policies.vision import image_encoder_without_file
-from robotft.runlog import NullLogger, RunLogger, WandbConfig, progress_bar
+from robotft.runlog import NullLogger, RunLogger, WandbConfig, capped_update, progress_bar
 from robotft.specs import EnvSpec, FeatureSpec
 
 
@@ -262,7 +262,7 @@ def evaluate_in_env(policy: Policy, env_cfg: EnvConfig, episodes: int, num_envs:
         policy.eval()
         with progress_bar(total=episodes, desc="evaluate", unit="episode", leave=False) as bar:
             return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, episodes, seed=seed,
-                            progress=bar.update)
+                            progress=capped_update(bar))
     finally:
         env.close()
 

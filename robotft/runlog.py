@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +193,13 @@ def plot_curves(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def capped_update(bar: tqdm) -> Callable[[int], None]:
+    """`n -> bar.update(n)`, never past the bar's total: an evaluation on parallel envs also finishes the
+    surplus episodes of its last round, which do not count."""
+
+    def update(n: int) -> None:
+        bar.update(min(n, max(bar.total - bar.n, 0)))
+
+    return update

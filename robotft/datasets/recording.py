@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Protocol
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from robotft.datasets.store import DatasetWriter
 from robotft.envs.base import BatchedEnv, Obs
+from robotft.runlog import progress_bar
 from robotft.specs import EnvSpec, FeatureSpec
 
 
@@ -71,7 +70,7 @@ def record_rollouts(
     all_ids = torch.arange(n, device=env.device)
     obs = env.reset(seed=seed)
     expert.reset(all_ids, obs)
-    bar = tqdm(total=n_episodes, desc="recording", file=sys.stderr, disable=not progress)
+    bar = progress_bar(total=n_episodes, desc="recording", unit="episode", disable=not progress)
     try:
         while kept < n_episodes and attempted < max_attempts:
             action = expert(obs)
