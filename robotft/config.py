@@ -39,14 +39,14 @@ class ConfigError(ValueError):
 
 def preset_roots() -> list[Any]:
     """Folders searched for presets, first match wins: `$ROBOTFT_PRESETS` (os.pathsep-separated), the cwd,
-    the presets shipped inside the installed package, and the repository of an editable install."""
+    the repository of a checkout (editable install), and the presets shipped inside an installed wheel."""
     roots: list[Any] = [Path(p) for p in os.environ.get("ROBOTFT_PRESETS", "").split(os.pathsep) if p]
     roots.append(Path.cwd())
+    if (REPO_ROOT / "pyproject.toml").is_file():  # a checkout: its folders, not a copy, are the presets
+        roots.append(REPO_ROOT)
     shipped = importlib.resources.files("robotft") / "_presets"
     if shipped.is_dir():
         roots.append(shipped)
-    if any((REPO_ROOT / f).is_dir() for f in PRESET_FOLDERS):
-        roots.append(REPO_ROOT)
     return roots
 
 

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from robotft.config import REPO_ROOT, from_dict, load_yaml
+from robotft.config import from_dict, load_preset
 from robotft.datasets.normalizer import Normalizer
 from robotft.policies.base import build_policy, policy_config_class
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
@@ -79,7 +79,7 @@ def main() -> None:
     p.add_argument("--side", type=int, default=64)
     args = p.parse_args()
     torch.manual_seed(0)
-    data = load_yaml(REPO_ROOT / "policies" / "diffusion_unet_rgb.yaml")
+    _, data = load_preset("policies", "diffusion_unet_rgb")
     base = from_dict(policy_config_class(data["type"]), data)
     print(f"torch threads {torch.get_num_threads()}, batch {args.batch}, {args.side}x{args.side} frames")
     enc = base.image_encoder

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from robotft.config import find_preset, from_dict, load_yaml
+from robotft.config import from_dict, load_preset
 from robotft.real_robot.actions import ActionMappingConfig
 from robotft.real_robot.executors import EXECUTORS
 from robotft.real_robot.safety import SafetyLimits
@@ -254,13 +254,13 @@ class RigConfig:
 
 
 def load_rig(name_or_path: str) -> RigConfig:
-    """Load `real_robot/<name>.yaml` (or a YAML path) into a RigConfig. `real_robot/<name>.yaml` that is
-    not a file relative to the cwd is looked up as the preset `<name>`."""
+    """Load `real_robot/<name>.yaml` (or a YAML path; `base:` resolved) into a RigConfig. `real_robot/<name>.yaml`
+    that is not a file relative to the cwd is looked up as the preset `<name>`."""
     name = name_or_path
     if not Path(name).is_file():
         name = name.removeprefix("real_robot/").removesuffix(".yaml").removesuffix(".yml")
-    path = find_preset("real_robot", name)
-    return from_dict(RigConfig, load_yaml(path), where=str(path))
+    path, data = load_preset("real_robot", name)
+    return from_dict(RigConfig, data, where=str(path))
 
 
 # ---- the sim-to-real check -----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from robotft.checkpoint import load_policy, write_checkpoint
-from robotft.config import REPO_ROOT, from_dict, load_yaml, to_dict
+from robotft.config import from_dict, load_preset, to_dict
 from robotft.datasets.normalizer import Normalizer
 from robotft.policies.base import build_policy, policy_config_class
 from robotft.policies.diffusion import DiffusionPolicyConfig
@@ -273,7 +273,7 @@ def test_image_keys_are_checked_against_the_spec():
 
 
 def test_rgb_preset_builds():
-    data = load_yaml(REPO_ROOT / "policies" / "diffusion_unet_rgb.yaml")
+    _, data = load_preset("policies", "diffusion_unet_rgb")
     cfg = from_dict(policy_config_class(data["type"]), data)
     assert "rgb/base_camera" in cfg.obs_keys and cfg.image_encoder.backbone == "resnet18"
     assert cfg.backbone == "unet"
