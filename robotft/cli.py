@@ -192,7 +192,7 @@ def _dataset_path(data: str) -> str:
     """A dataset store path, or the store of a recipe in `datasets/` (built first when it is missing)."""
     from robotft.datasets.recipe import ensure_dataset, is_recipe
 
-    if Path(data).exists() or not is_recipe(data):
+    if not is_recipe(data) or (Path(data).is_dir() and not data.endswith((".yaml", ".yml"))):
         return data
     return str(ensure_dataset(data))
 
