@@ -1,6 +1,6 @@
 """Checkpoints: one directory, safetensors + JSON, written atomically, loaded without pickle.
 
-Layout (DESIGN.md):
+Layout (docs/design.md):
 
     <ckpt>/model.safetensors       policy weights shipped for evaluation/deployment (EMA where kept)
     <ckpt>/config.json             {"policy": ..., "env": ..., "spec": ..., "run": ...}: rebuilds the policy

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,7 +136,7 @@ def _start_wandb(cfg: WandbConfig, run_dir: Path, config: dict[str, Any] | None)
 
     wandb = require("wandb", "wandb")
     id_file = run_dir / "wandb_run_id"
-    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
     id_file.write_text(run_id)
     return wandb.init(project=cfg.project, entity=cfg.entity or None, name=cfg.name or run_dir.name,
                       mode=cfg.mode, tags=cfg.tags, dir=str(run_dir), id=run_id, resume="allow", config=config)

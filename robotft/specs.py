@@ -1,4 +1,4 @@
-"""Declared meaning of observations and actions: the sim-to-real contract of DESIGN.md.
+"""Declared meaning of observations and actions: the sim-to-real contract of docs/design.md.
 
 Every dataset and checkpoint carries these specs, so a rig can check that it provides the same keys,
 shapes, units and control mode that a policy was trained with.

@@ -3,7 +3,7 @@
 # Extra arguments go to pytest, e.g. `scripts/test.sh -k dppo -x`.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$repo/scripts/setup.sh" "${ROBOTFT_TEST_EXTRAS:-maniskill,robosuite,mujoco,realsense,franka,lerobot,ray,vision,dev}"
+bash "$repo/scripts/setup.sh" "${ROBOTFT_TEST_EXTRAS:-maniskill,robosuite,mujoco,realsense,franka,lerobot,ray,vision,wandb,dev}"
 venv="${ROBOTFT_VENV:-$repo/.venv}"
 cd "$repo"
 # One torch/OpenMP thread per process: the suite runs simulator workers beside the learner on 2 cores.

@@ -152,3 +152,21 @@ def test_wheel_ships_presets(tmp_path):
                             capture_output=True, text=True)
     assert loaded.returncode == 0, loaded.stderr
     assert str(venv) in loaded.stdout and "(0.5, 1.5)" in loaded.stdout, loaded.stdout
+
+
+def test_rig_examples_in_docstrings_follow_the_schema():
+    """The YAML examples in the robot and camera config docstrings load as rig presets."""
+    import textwrap
+
+    import yaml
+
+    from robotft.config import from_dict
+    from robotft.real_robot.franka import FrankaConfig
+    from robotft.real_robot.realsense import RealSenseConfig
+    from robotft.real_robot.rig import RigConfig
+
+    for cls in (FrankaConfig, RealSenseConfig):
+        example = yaml.safe_load(textwrap.dedent(cls.__doc__.split("):\n", 1)[1]))
+        rig = from_dict(RigConfig, example, where=f"{cls.__name__} docstring")
+        device = rig.robot if "robot" in example else rig.cameras[0]
+        from_dict(cls, device.config, where=f"{cls.__name__} docstring")

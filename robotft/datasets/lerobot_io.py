@@ -39,7 +39,7 @@ DEFAULT_KEY_MAP: dict[str, str] = {
     "next.reward": "reward",
     "next.success": "success",
 }
-"""LeRobot feature → robotft key (DESIGN.md fixed keys); LeRobot's recording conventions for the last two."""
+"""LeRobot feature → robotft key (docs/design.md fixed keys); LeRobot's recording conventions for the last two."""
 LEROBOT_INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 """Columns every LeRobot dataset has, which become robotft's episode structure rather than features."""
 SCALAR_KEYS = ("reward", "success", "terminated", "truncated")

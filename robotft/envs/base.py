@@ -1,6 +1,6 @@
 """The batched, single-step environment contract every simulator adapter implements.
 
-Adapters do *not* auto-reset: `ChunkedEnv` (robotft.envs.chunked) builds the DESIGN.md Env on top
+Adapters do *not* auto-reset: `ChunkedEnv` (robotft.envs.chunked) builds the docs/design.md Env on top
 (action chunks, observation history, partial resets that keep the final observation).
 """
 

@@ -1,4 +1,4 @@
-"""The Env of DESIGN.md: chunked action execution, observation history and auto-reset on a BatchedEnv.
+"""The Env of docs/design.md: chunked action execution, observation history and auto-reset on a BatchedEnv.
 
 One `step` executes the first `act_steps` actions of a predicted `[B, horizon, act_dim]` chunk. Each
 env's rewards are summed up to and including the step where its episode ended; the batched simulator

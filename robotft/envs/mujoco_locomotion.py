@@ -3,7 +3,7 @@
 The dense-reward suite that DPPO (Ren et al. 2024, arXiv 2409.00588) and ReinFlow (Zhang et al. 2025,
 arXiv 2505.22094) report on. Each env is one `gym.make(task)` MuJoCo model; `num_envs` of them step one
 after the other in this process (one step of these envs is ~0.1-0.3 ms, too cheap for worker processes to
-pay off on a few cores; ENVIRONMENT.md measured SyncVectorEnv beating AsyncVectorEnv). The loop over the
+pay off on a few cores; docs/environment.md measured SyncVectorEnv beating AsyncVectorEnv). The loop over the
 bare envs is gymnasium's `SyncVectorEnv.step` without its per-step info merging, autoreset bookkeeping and
 wrappers (TimeLimit, OrderEnforcing, checker), which cost 40-60% on top of a Hopper step here against a
 target adapter overhead of 10% (scripts/bench_env_overhead.py).

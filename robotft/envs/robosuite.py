@@ -39,7 +39,7 @@ from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 INSTALL_HINT = "pip install robotft[robosuite]"
 CONTROL_MODE = "OSC_POSE"
-"""The only control mode: robosuite 1.5.2's JOINT_VELOCITY controller is broken (ENVIRONMENT.md)."""
+"""The only control mode: robosuite 1.5.2's JOINT_VELOCITY controller is broken (docs/environment.md)."""
 TASKS: dict[str, int] = {"Lift": 1, "PickPlaceCan": 1, "NutAssemblySquare": 1, "TwoArmTransport": 2}
 """Supported robosuite env names -> number of Panda arms."""
 DEFAULT_CAMERAS: dict[str, tuple[str, ...]] = {

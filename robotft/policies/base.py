@@ -1,4 +1,4 @@
-"""The Policy contract (DESIGN.md) and the registry that builds a policy from its config by name."""
+"""The Policy contract (docs/design.md) and the registry that builds a policy from its config by name."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class PolicyConfig:
     type: str = ""
     """Registered policy name, e.g. `diffusion_mlp`."""
     obs_keys: list[str] = dataclasses.field(default_factory=lambda: ["state"])
-    """Observation keys the policy reads (DESIGN.md fixed keys)."""
+    """Observation keys the policy reads (docs/design.md fixed keys)."""
     obs_steps: int = 1
     """Observation history length T_o (the current step and T_o - 1 before it)."""
     horizon_steps: int = 8

@@ -1,4 +1,4 @@
-"""The denoising chain shared by diffusion and flow policies (DESIGN.md, "The interfaces").
+"""The denoising chain shared by diffusion and flow policies (docs/design.md, "The interfaces").
 
 A chain is a sequence of Gaussian transitions
 

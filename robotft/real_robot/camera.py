@@ -1,4 +1,4 @@
-"""The Camera contract (DESIGN.md "Robot and Camera"): timestamped frames and `read_latest(max_age_ms)`.
+"""The Camera contract (docs/design.md "Robot and Camera"): timestamped frames and `read_latest(max_age_ms)`.
 
 Modelled on LeRobot's `cameras/camera.py` (`read`, `read_latest`), with diffusion_policy's habit of
 stamping every frame with its capture and receive times. Backends run their own capture thread and

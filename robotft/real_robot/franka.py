@@ -59,8 +59,10 @@ def import_franky() -> Any:
 class FrankaConfig:
     """A Franka arm with a Franka Hand, reached over FCI.
 
-    Example (YAML in a rig preset):
-        robot: {type: franka, host: 172.16.0.2, translational_stiffness: 800}
+    Example (YAML in a rig preset, as in `real_robot/franka_d435.yaml`):
+        robot:
+          backend: franka
+          config: {host: 172.16.0.2, translational_stiffness: 800}
     """
 
     host: str = "172.16.0.2"

@@ -48,9 +48,11 @@ def import_realsense() -> Any:
 class RealSenseConfig:
     """One RealSense camera (or a recording of one).
 
-    Example (YAML in a rig preset):
+    Example (YAML in a rig preset, as in `real_robot/franka_d435.yaml`):
         cameras:
-          base: {type: realsense, serial: "123456789012", width: 640, height: 480, fps: 30}
+          - name: base
+            backend: realsense
+            config: {serial: "123456789012", width: 640, height: 480, fps: 30}
     """
 
     serial: str | None = None

@@ -1,4 +1,4 @@
-"""Rig presets: what a deployment rig is made of and how it feeds a policy (DESIGN.md "The sim-to-real contract").
+"""Rig presets: what a deployment rig is made of and how it feeds a policy (docs/design.md "The sim-to-real contract").
 
 A rig preset is a YAML file in the top-level `real_robot/` folder, found by name like the env and policy
 presets (`--rig sim_franka` finds `real_robot/sim_franka.yaml`). It names the robot backend and its

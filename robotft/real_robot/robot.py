@@ -1,4 +1,4 @@
-"""The Robot contract (DESIGN.md "Robot and Camera"): state, commands and the abstract backend.
+"""The Robot contract (docs/design.md "Robot and Camera"): state, commands and the abstract backend.
 
 Modelled on LeRobot's `robots/robot.py`: a small abstract class whose docstrings are the contract,
 with `send_action` returning the command actually sent. Unlike LeRobot, the safety layer is not
