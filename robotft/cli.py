@@ -150,10 +150,10 @@ def cmd_policy_import(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def resolve_pretrain(args: argparse.Namespace, extra: list[str]) -> tuple[Any, Any]:
-    """`(PretrainConfig, policy config)` from `--config`, the presets, the named flags and dotted overrides,
-    in that order (later wins)."""
+    """`(PretrainConfig, policy config)` from, later winning: `--config` (a saved run) or the presets with the
+    env's task recipe over them, then the named flags, then dotted overrides."""
     from robotft.policies.base import policy_config_class
-    from robotft.pretrain import PretrainConfig
+    from robotft.pretrain import PretrainConfig, TrainConfig
 
     overrides = parse_override_args(extra)
     policy_overrides = {k[len("policy."):]: v for k, v in overrides.items() if k.startswith("policy.")}
@@ -164,10 +164,14 @@ def resolve_pretrain(args: argparse.Namespace, extra: list[str]) -> tuple[Any, A
         run["env"] = to_dict(load_env_config(args.env))
     elif "env" not in run:
         raise ConfigError("pretrain: --env is required (or --config with a saved run)")
-    named = {"data": args.data, "out": args.out}
-    run.update({k: v for k, v in named.items() if v is not None})
-    run["train"] = merge(run.get("train", {}), {k: v for k, v in (("steps", args.steps), ("seed", args.seed))
-                                                if v is not None})
+    env_overrides = {k[len("env."):]: v for k, v in run_overrides.items() if k.startswith("env.")}
+    recipe = apply_overrides(from_dict(EnvConfig, run["env"]), env_overrides, prefix="env.").recipe
+    if "train" not in run:  # a fresh run: the task's recipe over the training defaults (a saved run has both)
+        run["train"] = to_dict(apply_overrides(TrainConfig(), recipe.train, prefix="env.recipe.train.")
+                               if recipe.train else TrainConfig())
+    run["train"] = merge(run["train"], {k: v for k, v in (("steps", args.steps), ("seed", args.seed))
+                                        if v is not None})
+    run.update({k: v for k, v in (("out", args.out),) if v is not None})
     if args.wandb:
         run["wandb"] = merge(run.get("wandb", {}), {"enabled": True})
     if args.data is not None:
@@ -184,6 +188,8 @@ def resolve_pretrain(args: argparse.Namespace, extra: list[str]) -> tuple[Any, A
     if "type" not in policy_data:
         raise ConfigError(f"{where}: missing key 'type' (the registered policy name)")
     policy_cfg = from_dict(policy_config_class(policy_data["type"]), policy_data, where=str(where))
+    if isinstance(policy, str) and recipe.policy:  # a saved run's policy already holds the recipe
+        policy_cfg = apply_overrides(policy_cfg, recipe.policy, prefix="env.recipe.policy.")
     policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.") if policy_overrides else policy_cfg
     return cfg, policy_cfg
 
@@ -218,6 +224,9 @@ def resolve_finetune(args: argparse.Namespace, extra: list[str]) -> tuple[Any, d
     run = dict(saved["run"])
     named = {"source": args.source, "out": args.out, "algo": args.algo, "seed": args.seed}
     run.update({k: v for k, v in named.items() if v is not None})
+    if "rl" not in saved["run"]:  # a fresh run: the algorithm's own PPO-core defaults (a saved run has them)
+        base_rl = to_dict(FinetuneConfig.for_algorithm(run.get("algo", FinetuneConfig.algo)).rl)
+        run["rl"] = merge(base_rl, run.get("rl", {}))
     if args.iterations is not None:
         run["rl"] = merge(run.get("rl", {}), {"iterations": args.iterations})
     if args.wandb:
@@ -250,8 +259,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.config import resolve_device
     from robotft.envs.chunked import ChunkedEnv
     from robotft.envs.factory import make_env
-    from robotft.evaluation import evaluate
+    from robotft.evaluation import EVAL_SEED, evaluate
     from robotft.runlog import capped_update, progress_bar
+    from robotft.specs import check_policy_fits_env
 
     device = resolve_device(args.device)
     policy, ckpt = load_policy(args.checkpoint, device=device)
@@ -266,10 +276,12 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     env_cfg = apply_overrides(env_cfg, env_overrides, prefix="env.") if env_overrides else env_cfg
     env = make_env(env_cfg, device=device)
     try:
+        check_policy_fits_env(ckpt.spec, env.spec, str(ckpt.path))
         chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
         with progress_bar(total=args.episodes, desc="eval", unit="episode") as bar:
             result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, args.episodes,
-                              seed=args.seed, video_path=args.video, progress=capped_update(bar))
+                              seed=EVAL_SEED if args.seed is None else args.seed, video_path=args.video,
+                              progress=capped_update(bar))
     finally:
         env.close()
     lo, hi = result.ci95
@@ -482,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--env", default=None, help="env preset, e.g. maniskill/push_cube")
     pre.add_argument("--policy", default=None, help="policy preset, e.g. diffusion_mlp")
     pre.add_argument("--data", default=None, help="dataset store, or a recipe in datasets/ (built when missing)")
-    pre.add_argument("--steps", type=int, default=None, help="gradient steps (= --train.steps)")
+    pre.add_argument("--steps", type=int, default=None, help="gradient steps (= --train.steps; default: the task recipe's, else train.steps' default)")
     pre.add_argument("--out", default=None, help="run directory")
     pre.add_argument("--seed", type=int, default=None, help="= --train.seed")
     pre.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
@@ -506,7 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("checkpoint")
     ev.add_argument("--episodes", type=int, default=50)
     ev.add_argument("--num-envs", type=int, default=1)
-    ev.add_argument("--seed", type=int, default=12345)
+    ev.add_argument("--seed", type=int, default=None,
+                    help="seed of the evaluation start states (default: the ones pretrain and finetune evaluate on)")
     ev.add_argument("--env", default=None, help="env preset (default: the checkpoint's env)")
     ev.add_argument("--env-override", action="append", help="KEY=VALUE applied to the env config")
     ev.add_argument("--video", default=None, help="write an MP4 of the first env's episodes")

@@ -203,3 +203,21 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
     assert list(runs[0].glob("*.wandb")), list(runs[0].iterdir())
     rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["train/loss"] for r in rows] == [0.5, 0.25]
+
+
+def test_task_recipe_applies_to_fresh_runs_only(tmp_path, monkeypatch):
+    """The env preset's task recipe goes under the user's flags, and a rerun does not apply it again over the
+    flags saved with the run."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "envs").mkdir()
+    (tmp_path / "envs" / "task.yaml").write_text(
+        "# toy with a recipe\nbase: toy/nav2d\nrecipe: {policy: {horizon_steps: 8, obs_steps: 2}, train: {steps: 9}}\n")
+    (tmp_path / "store.zarr").mkdir()
+    argv = ["pretrain", "--env", "task", "--policy", "diffusion_mlp", "--data", "store.zarr", "--out", "bc",
+            "--policy.horizon_steps", "4"]
+    cfg, policy_cfg = resolve_pretrain(*_run_args(argv))
+    assert (policy_cfg.horizon_steps, policy_cfg.obs_steps, cfg.train.steps) == (4, 2, 9)
+    (tmp_path / "config.json").write_text(json.dumps({"run": {"stage": "pretrain", **to_dict(cfg)},
+                                                      "policy": to_dict(policy_cfg)}))
+    again, policy_again = resolve_pretrain(*_run_args(["pretrain", "--config", "config.json"]))
+    assert to_dict(again) == to_dict(cfg) and to_dict(policy_again) == to_dict(policy_cfg)
