@@ -26,14 +26,9 @@ from robotft.distributed import DistContext, distributed
 from robotft.envs.chunked import ChunkedEnv
 from robotft.evaluation import EVAL_SEED, EvalResult, evaluate
 from robotft.policies.base import Policy, build_policy, policy_config_class
-from robotft.rl.algorithm import Algorithm
+from robotft.rl.algorithm import Algorithm, registered_algorithms
 from robotft.rl.critic import ValueCritic
-from robotft.rl.dppo import DPPO, DPPOConfig
-from robotft.rl.flow_sde import FlowSDE, FlowSDEConfig
-from robotft.rl.gaussian_ppo import GaussianPPO, GaussianPPOConfig
 from robotft.rl.ppo import PPO, PPOConfig
-from robotft.rl.reinflow import ReinFlow, ReinFlowConfig
-from robotft.rl.residual_ppo import ResidualPPO, ResidualPPOConfig
 from robotft.rl.rollout import RolloutConfig
 from robotft.runlog import (
     NullLogger,
@@ -46,19 +41,15 @@ from robotft.runlog import (
 )
 from robotft.specs import EnvSpec, check_policy_fits_env
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    "dppo": DPPO,
-    "ppo": GaussianPPO,
-    "residual_ppo": ResidualPPO,
-    "reinflow": ReinFlow,
-    "flow_sde": FlowSDE,
-}
-"""`--algo` name → algorithm class; each reads the FinetuneConfig section of the same name."""
+ALGORITHMS: dict[str, type[Algorithm]] = registered_algorithms()
+"""`--algo` name → algorithm class (each registered by its own file in robotft/rl); each reads the FinetuneConfig
+section of the same name."""
 
 
 @dataclasses.dataclass
-class FinetuneConfig:
-    """An RL fine-tuning run (saved as `run` in every checkpoint's config.json)."""
+class FinetuneRunConfig:
+    """An RL fine-tuning run (saved as `run` in every checkpoint's config.json); `FinetuneConfig` adds one
+    section per registered algorithm."""
 
     source: str = ""
     """Checkpoint (or run directory) to start from (`--from`)."""
@@ -70,16 +61,6 @@ class FinetuneConfig:
     """Training env; defaults to the checkpoint's env."""
     rl: PPOConfig = dataclasses.field(default_factory=PPOConfig)
     """The PPO core shared by every algorithm."""
-    dppo: DPPOConfig = dataclasses.field(default_factory=DPPOConfig)
-    """`--algo dppo`."""
-    ppo: GaussianPPOConfig = dataclasses.field(default_factory=GaussianPPOConfig)
-    """`--algo ppo`."""
-    residual_ppo: ResidualPPOConfig = dataclasses.field(default_factory=ResidualPPOConfig)
-    """`--algo residual_ppo`."""
-    reinflow: ReinFlowConfig = dataclasses.field(default_factory=ReinFlowConfig)
-    """`--algo reinflow`."""
-    flow_sde: FlowSDEConfig = dataclasses.field(default_factory=FlowSDEConfig)
-    """`--algo flow_sde`."""
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     """Where rollouts run: in this process (default) or on Ray env workers (robotft.rl.rollout)."""
     eval_every: int = 5
@@ -101,7 +82,7 @@ class FinetuneConfig:
     """Weights & Biases logging (`--wandb` turns it on)."""
 
     @classmethod
-    def for_algorithm(cls, algo: str, **fields: Any) -> FinetuneConfig:
+    def for_algorithm(cls, algo: str, **fields: Any) -> Any:
         """A config for `--algo algo` whose `rl.` section holds that algorithm's own defaults (its
         `rl_defaults`, from its paper) instead of the PPO core's; `fields` set the other fields. Apply user
         overrides on top of the result, so that a flag the user passes always wins."""
@@ -110,6 +91,17 @@ class FinetuneConfig:
         rl = PPOConfig(**ALGORITHMS[algo].rl_defaults)
         return cls(algo=algo, rl=rl, **fields)
 
+
+
+FinetuneConfig = dataclasses.make_dataclass(
+    "FinetuneConfig",
+    [(name, algo.config_cls, dataclasses.field(default_factory=algo.config_cls)) for name, algo in ALGORITHMS.items()],
+    bases=(FinetuneRunConfig,),
+    namespace={"__doc__": "An RL fine-tuning run: the run's fields plus one section per registered algorithm "
+                          "(`--dppo.*`, `--reinflow.*`, ...), read by the algorithm of the same name.",
+               "__module__": __name__},
+)
+"""FinetuneRunConfig plus a field per registered algorithm: `cfg.dppo` is a DPPOConfig, and so on."""
 
 def make_algorithm(name: str, policy: Policy, cfg: FinetuneConfig) -> Algorithm:
     """The algorithm `--algo name` over `policy`, configured by the FinetuneConfig section of the same name

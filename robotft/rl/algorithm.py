@@ -1,7 +1,9 @@
-"""What a fine-tuning algorithm tells the PPO core: how actions are sampled and scored.
+"""What a fine-tuning algorithm tells the PPO core: how actions are sampled and scored, and the registry.
 
 The PPO core (robotft.rl.ppo) owns rollouts, GAE, the critic and the clipped objective. An algorithm
-file (ppo for Gaussian policies, dppo, reinflow, flow_sde, residual_ppo) only implements this class.
+file (ppo for Gaussian policies, dppo, reinflow, flow_sde, residual_ppo) only implements this class and
+registers it with `@register_algorithm`: adding an algorithm is adding one file to robotft/rl/ (its config
+dataclass becomes the `robotft finetune` section named like the algorithm, e.g. `--dppo.clip_eps_base`).
 An action may be scored as K transitions (DPPO scores K denoising steps of one chunk); the core then
 computes a ratio per transition and weights the chunk's advantage per transition.
 """
@@ -9,6 +11,9 @@ computes a ratio per transition and weights the chunk's advantage per transition
 from __future__ import annotations
 
 import abc
+import dataclasses
+import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,6 +44,9 @@ class Algorithm(abc.ABC):
     run and the resolved values are saved with it."""
 
     name: str
+    """The `--algo` name, also the name of the config section."""
+    config_cls: ClassVar[type]
+    """The dataclass of the algorithm's own settings (the FinetuneConfig section named `name`)."""
     policy: Policy
     critic_extra_dim: int = 0
     """Width of `critic_extra`'s output; 0 when the critic sees the observation only."""
@@ -92,3 +100,26 @@ class Algorithm(abc.ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless by default
         """Restore `state_dict()`."""
+
+
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+"""`--algo` name → algorithm class, filled by `@register_algorithm`; read it through `registered_algorithms()`."""
+
+
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator: register an Algorithm subclass under its `name`, with its `config_cls` section."""
+    if not isinstance(getattr(cls, "name", None), str) or not dataclasses.is_dataclass(getattr(cls, "config_cls", None)):
+        raise TypeError(f"{cls.__name__}: a registered algorithm needs a `name` and a dataclass `config_cls`")
+    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
+        raise ValueError(f"algorithm {cls.name!r} registered twice: {ALGORITHMS[cls.name]} and {cls}")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def registered_algorithms() -> dict[str, type[Algorithm]]:
+    """Every registered algorithm, after importing each module of robotft/rl (where they register)."""
+    import robotft.rl
+
+    for module in pkgutil.iter_modules(robotft.rl.__path__):
+        importlib.import_module(f"robotft.rl.{module.name}")
+    return ALGORITHMS

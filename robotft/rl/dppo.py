@@ -20,7 +20,7 @@ from torch import nn
 
 from robotft.envs.base import Obs
 from robotft.policies.diffusion import DiffusionPolicy
-from robotft.rl.algorithm import ActOutput, Algorithm
+from robotft.rl.algorithm import ActOutput, Algorithm, register_algorithm
 
 
 @dataclass
@@ -58,12 +58,14 @@ class DPPOConfig:
             )
 
 
+@register_algorithm
 class DPPO(Algorithm):
     """The PPO core's defaults (`rl.`) are DPPO's: per-entry mean log-density, clip 0.01 at the last denoising
     step, target KL 1, 10 epochs; with actor learning rate 3e-5 and 3 critic warm-up iterations, measured on
     ManiSkill PushCube on CPU."""
 
     name = "dppo"
+    config_cls = DPPOConfig
 
     def __init__(self, policy: DiffusionPolicy, cfg: DPPOConfig) -> None:
         if not isinstance(policy, DiffusionPolicy):

@@ -27,7 +27,7 @@ import torch
 from robotft.envs.base import Obs
 from robotft.policies.denoising_chain import gaussian_logprob_elementwise
 from robotft.policies.flow import FlowPolicy, euler_times
-from robotft.rl.algorithm import ActOutput, Algorithm
+from robotft.rl.algorithm import ActOutput, Algorithm, register_algorithm
 
 
 @dataclass
@@ -42,8 +42,10 @@ class FlowSDEConfig:
             raise ValueError(f"flow_sde.noise_level must be > 0, got {self.noise_level}")
 
 
+@register_algorithm
 class FlowSDE(Algorithm):
     name = "flow_sde"
+    config_cls = FlowSDEConfig
     rl_defaults: ClassVar[dict[str, Any]] = {"clip_eps": 0.2, "actor_lr": 1e-5, "update_epochs": 4}
     """π_RL's PPO on the one scored SDE step: per-entry ratios (mean log-density) clipped at 0.2, a small actor
     learning rate, few epochs."""

@@ -20,7 +20,7 @@ import torch
 
 from robotft.envs.base import Obs
 from robotft.policies.gaussian import GaussianPolicy
-from robotft.rl.algorithm import ActOutput, Algorithm
+from robotft.rl.algorithm import ActOutput, Algorithm, register_algorithm
 
 
 @dataclass
@@ -72,8 +72,10 @@ class GaussianChunkPPO(Algorithm):
         return -self.cfg.ent_coef * entropy, {"entropy": entropy.item(), "noise_std": self.policy.std().mean().item()}
 
 
+@register_algorithm
 class GaussianPPO(GaussianChunkPPO):
     name = "ppo"
+    config_cls = GaussianPPOConfig
 
     def __init__(self, policy: GaussianPolicy, cfg: GaussianPPOConfig) -> None:
         if not isinstance(policy, GaussianPolicy):

@@ -32,7 +32,7 @@ from robotft.envs.base import Obs
 from robotft.policies.denoising_chain import gaussian_logprob_elementwise
 from robotft.policies.encoders import flatten_obs, mlp, sinusoidal_embedding
 from robotft.policies.flow import FlowPolicy, euler_times
-from robotft.rl.algorithm import ActOutput, Algorithm
+from robotft.rl.algorithm import ActOutput, Algorithm, register_algorithm
 
 _LOG_2PI_E = math.log(2.0 * math.pi * math.e)
 
@@ -86,8 +86,10 @@ class NoiseNet(nn.Module):
         return lo + (hi - lo) * (torch.tanh(raw) + 1) / 2
 
 
+@register_algorithm
 class ReinFlow(Algorithm):
     name = "reinflow"
+    config_cls = ReinFlowConfig
     rl_defaults: ClassVar[dict[str, Any]] = {
         "actor_lr": 4.5e-5, "critic_lr": 6.5e-4, "lr_schedule": "cosine", "lr_warmup_iters": 1,
         "actor_min_lr": 2e-5, "critic_min_lr": 3e-4, "update_epochs": 5,

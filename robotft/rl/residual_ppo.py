@@ -17,7 +17,7 @@ import torch
 
 from robotft.envs.base import Obs
 from robotft.policies.residual import ResidualPolicy
-from robotft.rl.algorithm import ActOutput
+from robotft.rl.algorithm import ActOutput, register_algorithm
 from robotft.rl.gaussian_ppo import GaussianChunkPPO
 
 
@@ -33,8 +33,10 @@ class ResidualPPOConfig:
             raise ValueError(f"residual_ppo.ent_coef must be >= 0, got {self.ent_coef}")
 
 
+@register_algorithm
 class ResidualPPO(GaussianChunkPPO):
     name = "residual_ppo"
+    config_cls = ResidualPPOConfig
     rl_defaults: ClassVar[dict[str, Any]] = {
         "logprob_reduction": "sum", "clip_eps": 0.2, "actor_lr": 3e-4, "update_epochs": 10, "target_kl": 0.1,
     }
