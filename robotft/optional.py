@@ -1,4 +1,4 @@
-"""Optional dependencies: one place that imports them and says which extra to install when one is missing."""
+"""Optional dependencies: one place that imports them and says what to install when one is missing."""
 
 from __future__ import annotations
 
@@ -7,18 +7,17 @@ from types import ModuleType
 
 
 class MissingDependency(ImportError):
-    """An optional dependency is not installed; the message names the `pip install` that adds it."""
+    """An optional dependency is not installed; the message says what needs it and how to install it."""
 
 
-def require(module: str, extra: str, why: str = "") -> ModuleType:
-    """Import `module` (e.g. `mani_skill.envs`), or raise MissingDependency naming the extra to install.
+def require(module: str, extra: str | None, why: str, *, what: str | None = None,
+            install: str | None = None) -> ModuleType:
+    """Import `module` (e.g. `mani_skill.envs`), or raise MissingDependency: "`why` needs `what` (the import
+    error); pip install robotft[`extra`]" (or the `install` instruction, for packages outside the extras).
 
-    `why` says what needs it, e.g. `the ManiSkill env adapter`."""
+    `why` names what needs it, e.g. `the maniskill env backend`; `what` defaults to the top-level package."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        need = f"{why} needs " if why else ""
-        raise MissingDependency(
-            f"{need}{module.split('.')[0]}, which is not installed ({e}); install it with "
-            f"`pip install 'robotft[{extra}]'`"
-        ) from e
+        how = install or f"pip install robotft[{extra}]"
+        raise MissingDependency(f"{why} needs {what or module.split('.')[0]} ({e}); {how}") from e

@@ -134,7 +134,7 @@ def _start_wandb(cfg: WandbConfig, run_dir: Path, config: dict[str, Any] | None)
     `<run>/wandb_run_id`)."""
     from robotft.optional import require
 
-    wandb = require("wandb", "wandb")
+    wandb = require("wandb", "wandb", "--wandb")
     id_file = run_dir / "wandb_run_id"
     run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
     id_file.write_text(run_id)

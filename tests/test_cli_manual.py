@@ -182,8 +182,8 @@ def test_maniskill_warning_once_per_process():
 def test_require_names_the_extra():
     from robotft.optional import MissingDependency, require
 
-    assert require("json", "dev").dumps([1]) == "[1]"
-    with pytest.raises(MissingDependency, match=r"pip install 'robotft\[franka\]'"):
+    assert require("json", "dev", "a test").dumps([1]) == "[1]"
+    with pytest.raises(MissingDependency, match=r"the franky robot backend needs no_such_module_xyz .*; pip install robotft\[franka\]"):
         require("no_such_module_xyz", "franka", "the franky robot backend")
 
 

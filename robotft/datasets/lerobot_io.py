@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from robotft.datasets.store import DatasetError, DatasetWriter, ReplayBuffer, is_image
+from robotft.optional import require
 from robotft.specs import ActionSpec, FeatureSpec
 
 DEFAULT_KEY_MAP: dict[str, str] = {
@@ -55,10 +56,7 @@ _LEROBOT_HINT = "install the extra: pip install -e .[lerobot] (then lerobot==0.4
 
 
 def _require_lerobot() -> None:
-    try:
-        import lerobot  # noqa: F401
-    except ImportError as e:
-        raise ImportError(f"LeRobot import/export needs lerobot: {_LEROBOT_HINT}") from e
+    require("lerobot", None, "LeRobot import/export", install=_LEROBOT_HINT)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from robotft.config import EnvConfig
 from robotft.envs.base import BatchedEnv
+from robotft.optional import require
 
 
 def _make_toy(cfg: EnvConfig, device: str) -> BatchedEnv:
@@ -22,12 +23,7 @@ def _make_toy(cfg: EnvConfig, device: str) -> BatchedEnv:
 
 
 def _make_maniskill(cfg: EnvConfig, device: str) -> BatchedEnv:
-    try:
-        import mani_skill  # noqa: F401 - only to fail early with the install hint
-    except ImportError as e:
-        raise ImportError(
-            f"env backend 'maniskill' needs mani_skill ({e}); pip install robotft[maniskill]"
-        ) from e
+    require("mani_skill", "maniskill", "env backend 'maniskill'")  # fails early, before any worker starts
     from robotft.envs.maniskill import ManiSkillEnv
 
     return ManiSkillEnv(cfg, device)

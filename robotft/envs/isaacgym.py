@@ -40,6 +40,7 @@ import torch
 
 from robotft.config import DomainRandomizationConfig, EnvConfig
 from robotft.envs.base import BatchedEnv, Obs
+from robotft.optional import require
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 if TYPE_CHECKING:
@@ -181,13 +182,9 @@ def _feature(key: str, value: torch.Tensor) -> FeatureSpec:
 
 def _import_furniture_sim() -> Any:
     """Import Isaac Gym, then furniture_bench (which registers FurnitureSim-v0 with `gym`)."""
-    try:
-        import isaacgym  # noqa: F401 - must precede torch's CUDA use; registers the gymapi bindings
-    except ImportError as e:
-        raise ImportError(f"the isaacgym env backend needs Isaac Gym ({e}); {INSTALL_HINT}") from e
-    try:
-        import furniture_bench  # noqa: F401 - registers the FurnitureSim envs
-        import gym
-    except ImportError as e:
-        raise ImportError(f"the isaacgym env backend needs furniture_bench ({e}); {INSTALL_HINT}") from e
+    # isaacgym must precede torch's CUDA use (it registers the gymapi bindings); furniture_bench registers
+    # the FurnitureSim envs with `gym`.
+    require("isaacgym", None, "the isaacgym env backend", what="Isaac Gym", install=INSTALL_HINT)
+    require("furniture_bench", None, "the isaacgym env backend", install=INSTALL_HINT)
+    gym = require("gym", None, "the isaacgym env backend", install=INSTALL_HINT)
     return gym

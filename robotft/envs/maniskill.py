@@ -25,9 +25,8 @@ import torch
 from robotft.config import EnvConfig
 from robotft.envs.base import BatchedEnv, Obs
 from robotft.envs.workers import PooledEnv, WorkerError, WorkerPool  # noqa: F401 - WorkerError re-exported for callers
+from robotft.optional import require
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
-
-INSTALL_HINT = "pip install robotft[maniskill]"
 
 
 def resolve_sim_backend(sim_backend: str) -> str:
@@ -166,11 +165,8 @@ class _RawManiSkill(BatchedEnv):
 
 def _import_mani_skill() -> Any:
     """Import gymnasium with ManiSkill's tasks registered; a clear error when mani_skill is missing."""
-    try:
-        import gymnasium as gym
-        import mani_skill.envs  # noqa: F401 - registers the ManiSkill tasks with gymnasium
-    except ImportError as e:
-        raise ImportError(f"the maniskill env backend needs mani_skill ({e}); {INSTALL_HINT}") from e
+    require("mani_skill.envs", "maniskill", "the maniskill env backend")  # registers the tasks with gymnasium
+    gym = require("gymnasium", "maniskill", "the maniskill env backend")
     from mani_skill.utils.logging_utils import logger
 
     if not any(isinstance(f, _OncePerProcess) for f in logger.filters):

@@ -41,9 +41,9 @@ import torch
 
 from robotft.config import DomainRandomizationConfig, EnvConfig
 from robotft.envs.base import BatchedEnv, Obs
+from robotft.optional import require
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
-INSTALL_HINT = "pip install robotft[mujoco]"
 TASKS = ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5")
 CONTROL_MODE = "joint_torque"
 _DR_STREAM = 0xD0A1
@@ -160,12 +160,8 @@ class MujocoLocomotionEnv(BatchedEnv):
 
 
 def _import_gymnasium() -> Any:
-    try:
-        import gymnasium as gym
-        import mujoco  # noqa: F401 - only to fail early with the install hint
-    except ImportError as e:
-        raise ImportError(f"the mujoco env backend needs gymnasium[mujoco] ({e}); {INSTALL_HINT}") from e
-    return gym
+    require("mujoco", "mujoco", "the mujoco env backend")
+    return require("gymnasium", "mujoco", "the mujoco env backend")
 
 
 def _physical_values(model: Any) -> dict[str, np.ndarray]:

@@ -35,6 +35,7 @@ import torch
 from robotft.config import EnvConfig
 from robotft.envs.base import BatchedEnv, Obs
 from robotft.envs.workers import PooledEnv, WorkerPool
+from robotft.optional import require
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 INSTALL_HINT = "pip install robotft[robosuite]"
@@ -265,8 +266,4 @@ _SUFFIX_COMPONENTS = {"_pos": ("x", "y", "z"), "_quat": ("qx", "qy", "qz", "qw")
 
 def _import_robosuite() -> Any:
     """Import robosuite; a clear error naming the extra when it is missing."""
-    try:
-        import robosuite
-    except ImportError as e:
-        raise ImportError(f"the robosuite env backend needs robosuite ({e}); {INSTALL_HINT}") from e
-    return robosuite
+    return require("robosuite", "robosuite", "the robosuite env backend")

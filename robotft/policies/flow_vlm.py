@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from robotft.datasets.normalizer import Normalizer
+from robotft.optional import require
 from robotft.policies.base import Obs, Policy, register_policy
 from robotft.policies.encoders import flatten_obs, image_obs_shapes, low_dim_obs_shapes
 from robotft.policies.flow import ActionExpert, FlowPolicy, FlowPolicyConfig
@@ -95,12 +96,9 @@ def load_transformers_model(path: str) -> tuple[nn.Module, object]:
         raise FileNotFoundError(
             f"policy.backbone.path: {path!r} is not a Hugging Face model folder (expected {folder / 'config.json'})"
         )
-    try:
-        from transformers import AutoModel, AutoTokenizer
-    except ImportError as e:
-        raise ImportError("the transformers backbone needs `transformers`: pip install -e .[lerobot]") from e
-    model = AutoModel.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    transformers = require("transformers", "lerobot", "the transformers backbone")
+    model = transformers.AutoModel.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
     return model, tokenizer
 
 

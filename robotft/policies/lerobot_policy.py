@@ -43,6 +43,7 @@ from torch import nn
 
 from robotft.datasets.lerobot_io import DEFAULT_KEY_MAP, map_key
 from robotft.datasets.normalizer import Normalizer
+from robotft.optional import require
 from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
 from robotft.policies.encoders import check_chunk, low_dim_obs_shapes
 from robotft.policies.flow import FlowPolicy
@@ -93,10 +94,7 @@ class LeRobotPolicyConfig(PolicyConfig):
 
 
 def _require_lerobot() -> None:
-    try:
-        import lerobot  # noqa: F401
-    except ImportError as e:
-        raise ImportError(f"LeRobot policies need lerobot: {_HINT}") from e
+    require("lerobot", None, "LeRobot policies", install=_HINT)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-INSTALL_HINT = "pip install robotft[vision]"
+from robotft.optional import require
+
 BACKBONES = ("resnet18",)
 GN_CHANNELS_PER_GROUP = 16
 """GroupNorm groups = channels / 16, as diffusion_policy's `replace_bn_with_gn`."""
@@ -68,11 +69,7 @@ class ImageEncoderConfig:
 
 
 def _import_torchvision():
-    try:
-        import torchvision
-    except ImportError as e:
-        raise ImportError(f"image observations need torchvision ({e}); {INSTALL_HINT}") from e
-    return torchvision
+    return require("torchvision", "vision", "image observations")
 
 
 def read_resnet_weights(path: str | Path) -> dict[str, torch.Tensor]:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from robotft.optional import require
 from robotft.real_robot.device_clock import DeviceClock
 from robotft.real_robot.robot import NUM_JOINTS, Robot, RobotCommand, RobotState
 
@@ -41,18 +42,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install robotft[franka]"
 
 FRANKA_READY_QPOS = (0.0, -math.pi / 4, 0.0, -3 * math.pi / 4, 0.0, math.pi / 2, math.pi / 4)
 """libfranka's "ready" pose (rad)."""
 
 
 def import_franky() -> Any:
-    try:
-        import franky
-    except ImportError as e:
-        raise ImportError(f"the Franka backend needs franky ({e}); {INSTALL_HINT}") from e
-    return franky
+    return require("franky", "franka", "the Franka backend")
 
 
 @dataclass

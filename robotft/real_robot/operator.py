@@ -26,6 +26,7 @@ from typing import IO, Any
 import numpy as np
 
 from robotft.evaluation import wilson_interval
+from robotft.optional import require
 from robotft.real_robot.rig import SuccessConfig
 
 OUTCOMES = ("success", "failure", "timeout", "abort", "stopped")
@@ -184,12 +185,7 @@ class SpaceMouse:
     """
 
     def __init__(self) -> None:
-        try:
-            import pyspacemouse
-        except ImportError as e:
-            raise ImportError(
-                f"SpaceMouse take-over needs pyspacemouse ({e}); pip install pyspacemouse"
-            ) from e
+        pyspacemouse = require("pyspacemouse", None, "SpaceMouse take-over", install="pip install pyspacemouse")
         self._lib = pyspacemouse
         if not pyspacemouse.open():
             raise RuntimeError("pyspacemouse found no SpaceMouse (is it plugged in and readable?)")

@@ -27,21 +27,17 @@ from typing import Any
 
 import numpy as np
 
+from robotft.optional import require
 from robotft.real_robot.camera import Frame, ThreadedCamera
 from robotft.real_robot.device_clock import DeviceClock
 from robotft.real_robot.intrinsics import CameraIntrinsics
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install robotft[realsense]"
 
 
 def import_realsense() -> Any:
-    try:
-        import pyrealsense2 as rs
-    except ImportError as e:
-        raise ImportError(f"RealSense cameras need pyrealsense2 ({e}); {INSTALL_HINT}") from e
-    return rs
+    return require("pyrealsense2", "realsense", "RealSense cameras")
 
 
 @dataclass

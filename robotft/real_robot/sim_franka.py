@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from robotft.optional import require
 from robotft.real_robot.robot import NUM_JOINTS, Robot, RobotCommand, RobotState
 
 if TYPE_CHECKING:
@@ -62,11 +63,7 @@ def import_mujoco() -> Any:
     """
     if "mujoco" not in sys.modules:
         os.environ.setdefault("MUJOCO_GL", "egl")
-    try:
-        import mujoco
-    except ImportError as e:
-        raise ImportError(f"the simulated Franka needs mujoco ({e}); {INSTALL_HINT}") from e
-    return mujoco
+    return require("mujoco", "robosuite", "the simulated Franka")
 
 
 def robosuite_assets() -> Path:

@@ -30,6 +30,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from robotft.checkpoint import flatten_state, unflatten_state
+from robotft.optional import require
 from robotft.rl.buffer import RolloutBuffer
 
 if TYPE_CHECKING:
@@ -296,8 +297,4 @@ class RayCollector:
 
 
 def _import_ray():
-    try:
-        import ray
-    except ImportError as e:
-        raise ImportError(f"rollout.backend 'ray' needs ray ({e}); pip install robotft[ray]") from e
-    return ray
+    return require("ray", "ray", "rollout.backend 'ray'")
