@@ -11,13 +11,15 @@ A rig preset names each backend and fills that backend's config dataclass with a
     robot = make_robot("sim_franka", {"scene": ...}, safety)
     camera = make_camera("base", "sim", {"width": 128}, robot)
 
-Each backend's heavy dependency (mujoco, franky, pyrealsense2) is imported only when it is built.
+Each backend's heavy dependency (mujoco, franky, pyrealsense2) is imported only when it is built. A new
+backend is a config dataclass and a builder registered with `@register_robot` / `@register_camera`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from robotft.config import ConfigError, from_dict
@@ -34,38 +36,102 @@ if TYPE_CHECKING:
 RobotConfig = SimFrankaConfig | FrankaConfig
 CameraConfig = SimCameraConfig | RealSenseConfig
 
-ROBOT_CONFIGS: dict[str, type] = {"sim_franka": SimFrankaConfig, "franka": FrankaConfig}
-"""Robot backend name -> its config dataclass."""
-CAMERA_CONFIGS: dict[str, type] = {"sim": SimCameraConfig, "realsense": RealSenseConfig}
-"""Camera backend name -> its config dataclass."""
+
+@dataclass(frozen=True)
+class Backend:
+    """A registered robot or camera backend: its config dataclass and the function that builds it."""
+
+    config_cls: type
+    """The dataclass a rig's `config:` mapping fills."""
+    build: Callable[..., Any]
+    """Robots: `(config, safety, clock) -> Robot`; cameras: `(name, config, robot, clock) -> Camera`."""
 
 
-def _parse(kind: str, registry: dict[str, type], backend: str, data: Any, where: str) -> Any:
+ROBOTS: dict[str, Backend] = {}
+"""Robot backend name (a rig's `robot.backend`) -> Backend."""
+CAMERAS: dict[str, Backend] = {}
+"""Camera backend name (a rig's `cameras[].backend`) -> Backend."""
+
+
+def register_robot(name: str, config_cls: type) -> Callable[[Callable[..., Robot]], Callable[..., Robot]]:
+    """Register a robot backend: decorate its builder `(config, safety, clock) -> Robot`."""
+
+    def deco(build: Callable[..., Robot]) -> Callable[..., Robot]:
+        ROBOTS[name] = Backend(config_cls, build)
+        return build
+
+    return deco
+
+
+def register_camera(name: str, config_cls: type) -> Callable[[Callable[..., Camera]], Callable[..., Camera]]:
+    """Register a camera backend: decorate its builder `(name, config, robot, clock) -> Camera`."""
+
+    def deco(build: Callable[..., Camera]) -> Callable[..., Camera]:
+        CAMERAS[name] = Backend(config_cls, build)
+        return build
+
+    return deco
+
+
+@register_robot("sim_franka", SimFrankaConfig)
+def _sim_franka(cfg: SimFrankaConfig, safety: SafetyLayer, clock: Callable[[], float]) -> Robot:
+    from robotft.real_robot.sim_franka import SimFranka
+
+    return SimFranka(cfg, safety, clock=clock)
+
+
+@register_robot("franka", FrankaConfig)
+def _franka(cfg: FrankaConfig, safety: SafetyLayer, clock: Callable[[], float]) -> Robot:
+    from robotft.real_robot.franka import FrankaRobot
+
+    return FrankaRobot(cfg, safety, clock=clock)
+
+
+@register_camera("sim", SimCameraConfig)
+def _sim_camera(name: str, cfg: SimCameraConfig, robot: Robot | None, clock: Callable[[], float]) -> Camera:
+    from robotft.real_robot.sim_camera import SimCamera
+    from robotft.real_robot.sim_franka import SimFranka
+
+    if not isinstance(robot, SimFranka):
+        raise ConfigError(
+            f"cameras.{name}: a `sim` camera renders the simulated robot's scene, so the rig's robot "
+            f"must be `sim_franka`, got {type(robot).__name__}"
+        )
+    return SimCamera(name, cfg, robot, clock=clock)
+
+
+@register_camera("realsense", RealSenseConfig)
+def _realsense(name: str, cfg: RealSenseConfig, robot: Robot | None, clock: Callable[[], float]) -> Camera:
+    from robotft.real_robot.realsense import RealSenseCamera
+
+    return RealSenseCamera(name, cfg, clock=clock)
+
+
+def _parse(kind: str, registry: dict[str, Backend], backend: str, data: Any, where: str) -> Any:
     if backend not in registry:
         raise ConfigError(
             f"{where}.backend: {kind} backend {backend!r} is unknown; available: {sorted(registry)}"
         )
-    if isinstance(data, registry[backend]):
+    config_cls = registry[backend].config_cls
+    if isinstance(data, config_cls):
         return data
     if not isinstance(data, Mapping):
-        raise ConfigError(
-            f"{where}.config: expected a mapping of {registry[backend].__name__} fields, got {data!r}"
-        )
-    return from_dict(registry[backend], dict(data), where=f"{where}.config")
+        raise ConfigError(f"{where}.config: expected a mapping of {config_cls.__name__} fields, got {data!r}")
+    return from_dict(config_cls, dict(data), where=f"{where}.config")
 
 
 def parse_robot_config(
     backend: str, data: Mapping[str, Any] | RobotConfig | None = None, where: str = "robot"
 ) -> RobotConfig:
     """The config dataclass of robot `backend` from its rig mapping (or a config object, passed through)."""
-    return _parse("robot", ROBOT_CONFIGS, backend, data or {}, where)
+    return _parse("robot", ROBOTS, backend, data or {}, where)
 
 
 def parse_camera_config(
     backend: str, data: Mapping[str, Any] | CameraConfig | None = None, where: str = "camera"
 ) -> CameraConfig:
     """The config dataclass of camera `backend` from its rig mapping (or a config object, passed through)."""
-    return _parse("camera", CAMERA_CONFIGS, backend, data or {}, where)
+    return _parse("camera", CAMERAS, backend, data or {}, where)
 
 
 def make_robot(
@@ -74,16 +140,9 @@ def make_robot(
     safety: SafetyLayer,
     clock: Callable[[], float] = time.monotonic,
 ) -> Robot:
-    """The (unconnected) robot `backend` (`sim_franka` or `franka`) built from `config`, filtering its
-    commands through `safety`."""
-    cfg = parse_robot_config(backend, config)
-    if isinstance(cfg, SimFrankaConfig):
-        from robotft.real_robot.sim_franka import SimFranka
-
-        return SimFranka(cfg, safety, clock=clock)
-    from robotft.real_robot.franka import FrankaRobot
-
-    return FrankaRobot(cfg, safety, clock=clock)
+    """The (unconnected) robot `backend` (one of ROBOTS) built from `config`, filtering its commands through
+    `safety`."""
+    return ROBOTS[backend].build(parse_robot_config(backend, config), safety, clock)
 
 
 def make_camera(
@@ -93,19 +152,6 @@ def make_camera(
     robot: Robot | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Camera:
-    """The (unconnected) camera `backend` (`sim` or `realsense`) built from `config`, streaming as
-    `name`. A simulated camera renders `robot`'s scene, so it needs the rig's `SimFranka`."""
-    cfg = parse_camera_config(backend, config, where=f"cameras.{name}")
-    if isinstance(cfg, SimCameraConfig):
-        from robotft.real_robot.sim_camera import SimCamera
-        from robotft.real_robot.sim_franka import SimFranka
-
-        if not isinstance(robot, SimFranka):
-            raise ConfigError(
-                f"cameras.{name}: a `sim` camera renders the simulated robot's scene, so the rig's robot "
-                f"must be `sim_franka`, got {type(robot).__name__}"
-            )
-        return SimCamera(name, cfg, robot, clock=clock)
-    from robotft.real_robot.realsense import RealSenseCamera
-
-    return RealSenseCamera(name, cfg, clock=clock)
+    """The (unconnected) camera `backend` (one of CAMERAS) built from `config`, streaming as `name`. A simulated
+    camera renders `robot`'s scene, so it needs the rig's `SimFranka`."""
+    return CAMERAS[backend].build(name, parse_camera_config(backend, config, where=f"cameras.{name}"), robot, clock)
