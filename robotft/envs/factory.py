@@ -3,12 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from robotft.config import EnvConfig
 from robotft.envs.base import BatchedEnv
 from robotft.optional import require
 
 
+@dataclass(frozen=True)
+class EnvBackend:
+    """A registered simulator adapter."""
+
+    build: Callable[[EnvConfig, str], BatchedEnv]
+    """`(env config, device) -> BatchedEnv`; imports the simulator only when called."""
+    randomizes: tuple[str, ...]
+    """The physical `env.randomization` fields its adapter implements."""
+
+
+BACKENDS: dict[str, EnvBackend] = {}
+"""env.backend name -> EnvBackend."""
+
+
+def register_env_backend(name: str, randomizes: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Register `(cfg, device) -> BatchedEnv` as env backend `name` (a new simulator is one such function plus
+    its adapter module)."""
+
+    def deco(build: Callable[[EnvConfig, str], BatchedEnv]) -> Callable[[EnvConfig, str], BatchedEnv]:
+        BACKENDS[name] = EnvBackend(build, randomizes)
+        return build
+
+    return deco
+
+
+@register_env_backend("toy")
 def _make_toy(cfg: EnvConfig, device: str) -> BatchedEnv:
     from robotft.envs.toy import ToyNavEnv
 
@@ -22,6 +49,8 @@ def _make_toy(cfg: EnvConfig, device: str) -> BatchedEnv:
     )
 
 
+@register_env_backend("maniskill", randomizes=("friction_scale", "mass_scale", "object_pos_range",
+                                                "object_yaw_range", "camera_pos_range", "camera_fov_range"))
 def _make_maniskill(cfg: EnvConfig, device: str) -> BatchedEnv:
     require("mani_skill", "maniskill", "env backend 'maniskill'")  # fails early, before any worker starts
     from robotft.envs.maniskill import ManiSkillEnv
@@ -29,56 +58,42 @@ def _make_maniskill(cfg: EnvConfig, device: str) -> BatchedEnv:
     return ManiSkillEnv(cfg, device)
 
 
+@register_env_backend("isaacgym", randomizes=("friction_scale", "mass_scale"))
 def _make_isaacgym(cfg: EnvConfig, device: str) -> BatchedEnv:
     from robotft.envs.isaacgym import FurnitureSimEnv
 
     return FurnitureSimEnv(cfg, device)
 
 
+@register_env_backend("mujoco", randomizes=("friction_scale", "mass_scale", "camera_fov_range", "light_scale"))
 def _make_mujoco(cfg: EnvConfig, device: str) -> BatchedEnv:
     from robotft.envs.mujoco_locomotion import MujocoLocomotionEnv
 
     return MujocoLocomotionEnv(cfg, device)
 
 
-BACKENDS: dict[str, Callable[[EnvConfig, str], BatchedEnv]] = {"toy": _make_toy, "maniskill": _make_maniskill}
-"""env.backend name -> constructor."""
-BACKENDS["mujoco"] = _make_mujoco
-BACKENDS["isaacgym"] = _make_isaacgym
-
-
+@register_env_backend("robosuite")
 def _make_robosuite(cfg: EnvConfig, device: str) -> BatchedEnv:
     from robotft.envs.robosuite import RobosuiteEnv
 
     return RobosuiteEnv(cfg, device)
 
 
-BACKENDS["robosuite"] = _make_robosuite
-
-RANDOMIZES: dict[str, tuple[str, ...]] = {
-    "mujoco": ("friction_scale", "mass_scale", "camera_fov_range", "light_scale"),
-    "maniskill": ("friction_scale", "mass_scale", "object_pos_range", "object_yaw_range", "camera_pos_range",
-                  "camera_fov_range"),
-    "isaacgym": ("friction_scale", "mass_scale"),
-}
-"""env.backend name -> the physical `env.randomization` fields its adapter implements (none if absent)."""
-
-
 def make_env(cfg: EnvConfig, device: str = "cpu") -> BatchedEnv:
     """The BatchedEnv that `cfg.backend` names, with `cfg.num_envs` envs whose tensors live on `device`."""
     try:
-        make = BACKENDS[cfg.backend]
+        backend = BACKENDS[cfg.backend]
     except KeyError:
         raise ValueError(
             f"env.backend {cfg.backend!r} is unknown; available backends: {sorted(BACKENDS)}"
         ) from None
-    unsupported = sorted(set(cfg.randomization.active_physical()) - set(RANDOMIZES.get(cfg.backend, ())))
+    unsupported = sorted(set(cfg.randomization.active_physical()) - set(backend.randomizes))
     if unsupported:
         raise ValueError(
             f"env.randomization sets {unsupported}, which the {cfg.backend!r} backend does not implement; it "
-            f"randomizes {list(RANDOMIZES.get(cfg.backend, ()))} (plus obs/action noise and action latency)"
+            f"randomizes {list(backend.randomizes)} (plus obs/action noise and action latency)"
         )
-    env = make(cfg, device)
+    env = backend.build(cfg, device)
     if cfg.randomization.generic_active:
         from robotft.envs.randomization import RandomizedEnv
 
