@@ -170,3 +170,18 @@ def test_rig_examples_in_docstrings_follow_the_schema():
         rig = from_dict(RigConfig, example, where=f"{cls.__name__} docstring")
         device = rig.robot if "robot" in example else rig.cameras[0]
         from_dict(cls, device.config, where=f"{cls.__name__} docstring")
+
+
+def test_algorithms_doc_points_at_real_symbols():
+    """Every `robotft/...py:Symbol` in docs/algorithms.md names a module attribute (or a class's)."""
+    import importlib
+    import re
+
+    text = (REPO_ROOT / "docs" / "algorithms.md").read_text()
+    refs = re.findall(r"`(robotft/[\w/]+\.py):([\w.]+)`", text)
+    assert len(refs) > 20, refs
+    for path, symbol in refs:
+        obj = importlib.import_module(path[:-3].replace("/", "."))
+        for part in symbol.split("."):
+            assert hasattr(obj, part), f"docs/algorithms.md: {path}:{symbol} does not exist"
+            obj = getattr(obj, part)
