@@ -405,7 +405,7 @@ def manual_deploy(ns: argparse.Namespace) -> str:
     from robotft.real_robot.deploy import DeployOptions
 
     return "\n".join([_presets_section("real_robot", "--rig"),
-                      _fields_section("Deploy fields (each also settable as --FIELD VALUE):", DeployOptions)])
+                      _fields_section("Deploy fields (set by the options above, or any of them as --FIELD VALUE):", DeployOptions)])
 
 
 def manual_data_generate(ns: argparse.Namespace) -> str:
