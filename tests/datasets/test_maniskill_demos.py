@@ -49,6 +49,8 @@ def maniskill_dims() -> tuple[int, int]:
 def test_generate_end_to_end(demos):
     out, stats = demos
     assert stats["planned"] == 2 and stats["replayed"] == 2 and stats["kept"] == 2
+    assert stats["planner_attempts"] >= 2
+    assert stats["planner_failure_rate"] == (stats["planner_attempts"] - 2) / stats["planner_attempts"]
     print("demo generation stats:", stats)  # timings, visible with -s
     validate_store(out)
     buf = ReplayBuffer.open(out)
