@@ -1,0 +1,415 @@
+"""Object poses from printed ArUco markers seen by a rig camera (the `fiducial` object-pose source).
+
+Each tracked object carries one or more markers at measured offsets (`object_from_marker`). For every
+new frame of the configured camera:
+
+1. `cv2.aruco.ArucoDetector` finds the markers' four corners (sub-pixel refined).
+2. Per object, the corners of its visible markers give `camera_from_object` by PnP: with one marker,
+   `SOLVEPNP_IPPE_SQUARE` (Collins & Bartoli 2014, "Infinitesimal Plane-Based Pose Estimation"), the
+   lower-reprojection-error one of its two solutions; with several, their corners (non-coplanar on a
+   cube) in the object frame refined jointly by Levenberg-Marquardt from the best single-marker pose.
+3. `base_from_object = base_from_camera * camera_from_object`, with the rig camera's extrinsics
+   (`robotft calibrate` measures them, robotft.real_robot.calibrate).
+
+A marker missing from a frame (occluded by the gripper, motion blur) does not stop the arm at once: the
+object's last pose is held, reported as fresh as the newest frame, for `max_hold_s`. After that the pose
+keeps the capture time of the frame that last saw it, so it ages like a stalled camera's frame and the
+runner holds the arm (`max_age_s`, as for camera frames) until the marker is seen again.
+
+cv2 is imported lazily (opencv-python >= 4.7 ships the `cv2.aruco` module in the main package).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from robotft.real_robot.sim_franka import ObjectPose
+from robotft.real_robot.transforms import Transform
+
+if TYPE_CHECKING:
+    from robotft.real_robot.camera import Camera, Frame
+    from robotft.real_robot.intrinsics import CameraIntrinsics
+
+log = logging.getLogger(__name__)
+
+
+def import_cv2() -> Any:
+    """`import cv2`, checking that it has the ArUco module (opencv-python >= 4.7)."""
+    try:
+        import cv2
+    except ImportError as e:
+        raise ImportError(f"fiducial markers need OpenCV ({e}); pip install 'opencv-python<4.12'") from e
+    if not hasattr(cv2, "aruco") or not hasattr(cv2.aruco, "ArucoDetector"):
+        raise ImportError(
+            f"OpenCV {cv2.__version__} has no cv2.aruco.ArucoDetector; install opencv-python>=4.7,<4.12"
+        )
+    return cv2
+
+
+def aruco_dictionary(name: str) -> Any:
+    """The predefined dictionary `cv2.aruco.<name>` (e.g. `DICT_4X4_50`, `DICT_APRILTAG_36h11`)."""
+    cv2 = import_cv2()
+    if not name.startswith("DICT_") or not hasattr(cv2.aruco, name):
+        names = sorted(n for n in dir(cv2.aruco) if n.startswith("DICT_"))
+        raise ValueError(f"ArUco dictionary {name!r} is unknown; OpenCV has {names}")
+    return cv2.aruco.getPredefinedDictionary(getattr(cv2.aruco, name))
+
+
+def marker_corners(size_m: float) -> np.ndarray:
+    """Corners `[4, 3]` of a square marker of side `size_m` in its own frame, in the detector's order
+    (top-left, top-right, bottom-right, bottom-left of the printed image; x right, y up, z out)."""
+    h = size_m / 2
+    return np.array([[-h, h, 0.0], [h, h, 0.0], [h, -h, 0.0], [-h, -h, 0.0]])
+
+
+def matrix_from_transform(t: Transform) -> np.ndarray:
+    """Homogeneous `[4, 4]` matrix of a `Transform`."""
+    from robotft.real_robot.transforms import quat_to_matrix
+
+    out = np.eye(4)
+    out[:3, :3] = quat_to_matrix(np.asarray(t.quat))
+    out[:3, 3] = t.pos
+    return out
+
+
+def transform_from_matrix(m: np.ndarray) -> Transform:
+    """`Transform` of a homogeneous `[4, 4]` matrix (rotation part orthonormal)."""
+    return Transform(tuple(float(x) for x in m[:3, 3]), tuple(float(x) for x in quat_from_matrix(m[:3, :3])))
+
+
+def quat_from_matrix(r: np.ndarray) -> np.ndarray:
+    """Unit quaternion `[w, x, y, z]` (w >= 0) of a rotation matrix `[3, 3]` (Shepperd's method)."""
+    r = np.asarray(r, dtype=np.float64)
+    tr = np.trace(r)
+    candidates = np.array([tr, r[0, 0], r[1, 1], r[2, 2]])
+    i = int(np.argmax(candidates))
+    if i == 0:
+        s = 2.0 * np.sqrt(1.0 + tr)
+        q = [s / 4, (r[2, 1] - r[1, 2]) / s, (r[0, 2] - r[2, 0]) / s, (r[1, 0] - r[0, 1]) / s]
+    else:
+        j, k = (i % 3) + 1, ((i + 1) % 3) + 1
+        a, b, c = i - 1, j - 1, k - 1
+        s = 2.0 * np.sqrt(1.0 + r[a, a] - r[b, b] - r[c, c])
+        q = [0.0] * 4
+        q[0] = (r[c, b] - r[b, c]) / s
+        q[i] = s / 4
+        q[j] = (r[b, a] + r[a, b]) / s
+        q[k] = (r[c, a] + r[a, c]) / s
+    q = np.asarray(q)
+    q /= np.linalg.norm(q)
+    return q if q[0] >= 0 else -q
+
+
+def rotation_angle_deg(r1: np.ndarray, r2: np.ndarray) -> float:
+    """Angle (degrees) of the rotation taking `r1 [3, 3]` to `r2 [3, 3]`."""
+    cos = (np.trace(np.asarray(r1).T @ np.asarray(r2)) - 1.0) / 2.0
+    return float(np.degrees(np.arccos(np.clip(cos, -1.0, 1.0))))
+
+
+# ---- configs -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MarkerConfig:
+    """One printed marker on an object."""
+
+    object: str
+    """The object it is glued to (a name in the rig's `objects`)."""
+    id: int
+    """Marker id in the dictionary."""
+    size_m: float
+    """Side of the black square as printed (m); measure it on the print, printers rescale."""
+    object_from_marker: Transform = field(default_factory=Transform)
+    """The marker frame (centre; x right, y up the printed image, z out of the face) in the object
+    frame, e.g. `{pos: [0, 0, 0.02]}` for a marker centred on top of a 4 cm cube."""
+
+    def __post_init__(self) -> None:
+        if not self.size_m > 0 or self.id < 0:
+            raise ValueError(f"marker {self.id} on {self.object!r}: needs size_m > 0 and id >= 0, got {self.size_m}")
+
+
+@dataclass
+class FiducialConfig:
+    """The `fiducial` object-pose source: markers on objects, seen by one rig camera.
+
+    Example (YAML in a rig preset):
+        object_poses:
+          backend: fiducial
+          config:
+            camera: base
+            dictionary: DICT_4X4_50
+            markers:
+              - {object: cube, id: 0, size_m: 0.03, object_from_marker: {pos: [0.0, 0.0, 0.02]}}
+    """
+
+    camera: str = "base"
+    """The rig camera whose frames are searched; its `base_from_camera` places the poses."""
+    dictionary: str = "DICT_4X4_50"
+    """OpenCV predefined dictionary of the printed markers (`DICT_APRILTAG_36h11` for AprilTags)."""
+    markers: list[MarkerConfig] = field(default_factory=list)
+    """The markers; an object may carry several (their corners are solved together)."""
+    max_hold_s: float = 0.3
+    """An object whose markers are not seen keeps its last pose this long (s), then goes stale."""
+    max_age_s: float = 0.15
+    """A pose older than this (s) at a control tick holds the arm, like a stale camera frame."""
+    max_reprojection_px: float = 2.0
+    """A pose whose corners reproject farther than this (pixels, RMS) is discarded as a misdetection."""
+
+    def __post_init__(self) -> None:
+        if not self.markers:
+            raise ValueError("fiducial source: `markers` must list at least one {object, id, size_m}")
+        ids = [m.id for m in self.markers]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"fiducial source: marker ids must be unique, got {ids}")
+        for name in ("max_hold_s", "max_age_s", "max_reprojection_px"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"fiducial source: {name} must be > 0, got {getattr(self, name)}")
+
+    @property
+    def objects(self) -> list[str]:
+        """The objects the markers are on, in first-listed order."""
+        return list(dict.fromkeys(m.object for m in self.markers))
+
+
+# ---- detection and pose ----------------------------------------------------------------------------------
+
+
+class MarkerDetector:
+    """ArUco detection and per-object PnP in one camera's images (no state between frames)."""
+
+    def __init__(self, dictionary: str, intrinsics: CameraIntrinsics) -> None:
+        cv2 = self._cv2 = import_cv2()
+        params = cv2.aruco.DetectorParameters()
+        params.cornerRefinementMethod = cv2.aruco.CORNER_REFINE_SUBPIX
+        self._detector = cv2.aruco.ArucoDetector(aruco_dictionary(dictionary), params)
+        self.intrinsics = intrinsics
+        self._k = intrinsics.matrix
+        self._dist = distortion_coefficients(intrinsics)
+
+    def detect(self, rgb: np.ndarray) -> dict[int, np.ndarray]:
+        """Corners `[4, 2]` (pixels, detector order) of each marker id found in an RGB image."""
+        gray = self._cv2.cvtColor(np.ascontiguousarray(rgb), self._cv2.COLOR_RGB2GRAY)
+        corners, ids, _ = self._detector.detectMarkers(gray)
+        if ids is None:
+            return {}
+        return {int(i): c.reshape(4, 2).astype(np.float64) for i, c in zip(ids.ravel(), corners, strict=True)}
+
+    def marker_pose(self, corners: np.ndarray, size_m: float) -> tuple[np.ndarray, float]:
+        """`camera_from_marker [4, 4]` of one square marker and its RMS reprojection error (pixels)."""
+        cv2 = self._cv2
+        n, rvecs, tvecs, errors = cv2.solvePnPGeneric(
+            marker_corners(size_m), corners, self._k, self._dist, flags=cv2.SOLVEPNP_IPPE_SQUARE
+        )
+        best = int(np.argmin(np.ravel(errors))) if n > 1 else 0
+        return _pose(cv2, rvecs[best], tvecs[best]), float(np.ravel(errors)[best])
+
+    def object_pose(
+        self, points_obj: np.ndarray, pixels: np.ndarray, guess: np.ndarray
+    ) -> tuple[np.ndarray, float]:
+        """`camera_from_object [4, 4]` refined by Levenberg-Marquardt over all corners of an object's
+        visible markers (`points_obj [N, 3]` in the object frame, `pixels [N, 2]`) from `guess`."""
+        cv2 = self._cv2
+        rvec, _ = cv2.Rodrigues(guess[:3, :3])
+        rvec, tvec = cv2.solvePnPRefineLM(points_obj, pixels, self._k, self._dist, rvec, guess[:3, 3].copy())
+        pose = _pose(cv2, rvec, tvec)
+        return pose, self.reprojection_rms(points_obj, pixels, pose)
+
+    def reprojection_rms(self, points: np.ndarray, pixels: np.ndarray, camera_from_points: np.ndarray) -> float:
+        """RMS distance (pixels) between `pixels` and `points` projected through `camera_from_points`."""
+        rvec, _ = self._cv2.Rodrigues(camera_from_points[:3, :3])
+        proj, _ = self._cv2.projectPoints(points, rvec, camera_from_points[:3, 3], self._k, self._dist)
+        return float(np.sqrt(np.mean(np.sum((proj.reshape(-1, 2) - pixels) ** 2, axis=1))))
+
+
+def _pose(cv2: Any, rvec: np.ndarray, tvec: np.ndarray) -> np.ndarray:
+    out = np.eye(4)
+    out[:3, :3], _ = cv2.Rodrigues(np.asarray(rvec, dtype=np.float64))
+    out[:3, 3] = np.ravel(tvec)
+    return out
+
+
+def distortion_coefficients(intrinsics: CameraIntrinsics) -> np.ndarray:
+    """OpenCV distortion coefficients `(k1, k2, p1, p2, k3)` of a stream.
+
+    RealSense colour streams report `inverse_brown_conrady` or `brown_conrady` with zero coefficients
+    (the images are rectified on the device); OpenCV's model is Brown-Conrady, so only that one, or
+    all-zero coefficients, can be used as they are.
+    """
+    coeffs = np.asarray(intrinsics.coeffs, dtype=np.float64)
+    if intrinsics.model in ("none", "brown_conrady") or not np.any(coeffs):
+        return coeffs if intrinsics.model == "brown_conrady" else np.zeros(5)
+    raise ValueError(
+        f"camera distortion model {intrinsics.model!r} with coefficients {list(coeffs)} is not OpenCV's "
+        "Brown-Conrady model; stream a rectified colour image (RealSense colour streams are)"
+    )
+
+
+def estimate_object_poses(
+    detector: MarkerDetector, corners: dict[int, np.ndarray], markers: Sequence[MarkerConfig], max_rms_px: float
+) -> dict[str, tuple[np.ndarray, int]]:
+    """`{object: (camera_from_object [4, 4], markers used)}` for each object with a visible marker.
+
+    Each visible marker gives a pose by IPPE; the one with the lowest reprojection error seeds a joint
+    refinement over all of the object's visible corners. Poses reprojecting worse than `max_rms_px` are
+    left out (a misread id or a marker seen edge-on).
+    """
+    by_object: dict[str, list[MarkerConfig]] = {}
+    for m in markers:
+        if m.id in corners:
+            by_object.setdefault(m.object, []).append(m)
+    out = {}
+    for obj, seen in by_object.items():
+        guesses = []
+        for m in seen:
+            cam_from_marker, rms = detector.marker_pose(corners[m.id], m.size_m)
+            marker_from_object = np.linalg.inv(matrix_from_transform(m.object_from_marker))
+            guesses.append((rms, cam_from_marker @ marker_from_object))
+        rms, pose = min(guesses, key=lambda g: g[0])
+        if len(seen) > 1:
+            points = np.concatenate([_corners_in_object(m) for m in seen])
+            pixels = np.concatenate([corners[m.id] for m in seen])
+            pose, rms = detector.object_pose(points, pixels, pose)
+        if rms > max_rms_px:
+            log.debug("object %r: pose discarded, reprojection RMS %.2f px > %.2f", obj, rms, max_rms_px)
+            continue
+        out[obj] = (pose, len(seen))
+    return out
+
+
+def _corners_in_object(m: MarkerConfig) -> np.ndarray:
+    t = matrix_from_transform(m.object_from_marker)
+    return marker_corners(m.size_m) @ t[:3, :3].T + t[:3, 3]
+
+
+# ---- the pose source -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Track:
+    pose: ObjectPose
+    """Last measured pose (base frame), stamped with the capture time of the frame that saw it."""
+
+
+class FiducialPoseSource:
+    """Object poses (robot base frame) from markers in one camera's frames; an `object_poses()` source
+    for the runner, like the simulated scene's.
+
+    `connect()` starts a thread that processes every new frame of `camera`; `update(frame)` processes
+    one frame synchronously (tests, calibration scripts).
+
+    Example:
+        source = FiducialPoseSource(cfg, camera, base_from_camera)
+        with camera, source:
+            cube = source.object_poses()["cube"]        # ObjectPose(timestamp_s, pos, quat)
+    """
+
+    def __init__(
+        self,
+        config: FiducialConfig,
+        camera: Camera,
+        base_from_camera: Transform,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.camera = camera
+        self.base_from_camera = matrix_from_transform(base_from_camera)
+        self.clock = clock
+        self.max_age_s = config.max_age_s
+        """Age (s) beyond which a pose at a control tick holds the arm."""
+        self._detector: MarkerDetector | None = None
+        self._tracks: dict[str, _Track] = {}
+        self._last_frame_time = -np.inf
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def objects(self) -> list[str]:
+        return self.config.objects
+
+    def update(self, frame: Frame) -> dict[str, ObjectPose]:
+        """Detect the markers in `frame` and update the tracks; returns the poses measured in it."""
+        if self._detector is None:
+            # The camera's intrinsics are known once it streams (a RealSense reports them on connect).
+            self._detector = MarkerDetector(self.config.dictionary, self.camera.intrinsics)  # type: ignore[attr-defined]
+        corners = self._detector.detect(frame.color)
+        found = estimate_object_poses(self._detector, corners, self.config.markers, self.config.max_reprojection_px)
+        measured = {}
+        for obj, (cam_from_obj, _) in found.items():
+            base_from_obj = self.base_from_camera @ cam_from_obj
+            measured[obj] = ObjectPose(
+                frame.capture_time_s, base_from_obj[:3, 3].copy(), quat_from_matrix(base_from_obj[:3, :3])
+            )
+        with self._lock:
+            self._last_frame_time = max(self._last_frame_time, frame.capture_time_s)
+            for obj, pose in measured.items():
+                self._tracks[obj] = _Track(pose)
+        return measured
+
+    def object_poses(self) -> dict[str, ObjectPose]:
+        """The newest pose of every tracked object that has been seen at least once.
+
+        A pose seen within `max_hold_s` of the newest frame is stamped with that frame's capture time
+        (held); an older one keeps the time it was seen, so the runner finds it stale.
+        """
+        self._check()
+        with self._lock:
+            out = {}
+            for obj, track in self._tracks.items():
+                seen = track.pose.timestamp_s
+                held = self._last_frame_time - seen <= self.config.max_hold_s
+                t = self._last_frame_time if held else seen
+                out[obj] = ObjectPose(t, track.pose.pos, track.pose.quat)
+            missing = [o for o in self.objects if o not in out]
+        for obj in missing:
+            # Never seen: a pose infinitely old (stale at every tick) rather than a KeyError in the poller.
+            out[obj] = ObjectPose(-np.inf, np.full(3, np.nan), np.array([1.0, 0.0, 0.0, 0.0]))
+        return out
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Start processing the camera's frames in a background thread (the camera must stream)."""
+        if self._thread is not None:
+            raise RuntimeError("fiducial pose source is already connected")
+        self._stop.clear()
+        self._error = None
+        self._thread = threading.Thread(target=self._run, name="robotft-fiducial", daemon=True)
+        self._thread.start()
+
+    def disconnect(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        self._thread = None
+
+    def __enter__(self) -> FiducialPoseSource:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disconnect()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"fiducial pose source failed: {self._error!r}") from self._error
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    frame = self.camera.read(timeout_s=0.5)
+                except TimeoutError:
+                    continue  # a stalled camera: the poses age and the runner holds the arm
+                self.update(frame)
+        except BaseException as e:  # noqa: BLE001 - surfaced to the caller by _check()
+            log.error("fiducial pose source failed: %r", e)
+            self._error = e
