@@ -159,8 +159,12 @@ class FiducialConfig:
     """An object whose markers are not seen keeps its last pose this long (s), then goes stale."""
     max_age_s: float = 0.15
     """A pose older than this (s) at a control tick holds the arm, like a stale camera frame."""
-    max_reprojection_px: float = 2.0
-    """A pose whose corners reproject farther than this (pixels, RMS) is discarded as a misdetection."""
+    max_reprojection_px: float = 0.5
+    """A marker whose corners reproject farther than this (pixels, RMS) from its fitted square is left
+    out (a misread id, a partly hidden marker)."""
+    max_view_angle_deg: float = 60.0
+    """Markers seen more obliquely than this (degrees from head-on) are left out: foreshortened to a few
+    pixels across, they pull the pose off."""
 
     def __post_init__(self) -> None:
         if not self.markers:
@@ -168,7 +172,7 @@ class FiducialConfig:
         ids = [m.id for m in self.markers]
         if len(set(ids)) != len(ids):
             raise ValueError(f"fiducial source: marker ids must be unique, got {ids}")
-        for name in ("max_hold_s", "max_age_s", "max_reprojection_px"):
+        for name in ("max_hold_s", "max_age_s", "max_reprojection_px", "max_view_angle_deg"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"fiducial source: {name} must be > 0, got {getattr(self, name)}")
 
@@ -194,12 +198,17 @@ class MarkerDetector:
         self._dist = distortion_coefficients(intrinsics)
 
     def detect(self, rgb: np.ndarray) -> dict[int, np.ndarray]:
-        """Corners `[4, 2]` (pixels, detector order) of each marker id found in an RGB image."""
+        """Corners `[4, 2]` (pixels, detector order) of each marker id found in an RGB image, refined by
+        `refine_corners`."""
         gray = self._cv2.cvtColor(np.ascontiguousarray(rgb), self._cv2.COLOR_RGB2GRAY)
         corners, ids, _ = self._detector.detectMarkers(gray)
         if ids is None:
             return {}
-        return {int(i): c.reshape(4, 2).astype(np.float64) for i, c in zip(ids.ravel(), corners, strict=True)}
+        gray_f = gray.astype(np.float32)
+        return {
+            int(i): refine_corners(self._cv2, gray_f, c.reshape(4, 2).astype(np.float64))
+            for i, c in zip(ids.ravel(), corners, strict=True)
+        }
 
     def marker_pose(self, corners: np.ndarray, size_m: float) -> tuple[np.ndarray, float]:
         """`camera_from_marker [4, 4]` of one square marker and its RMS reprojection error (pixels)."""
@@ -228,6 +237,65 @@ class MarkerDetector:
         return float(np.sqrt(np.mean(np.sum((proj.reshape(-1, 2) - pixels) ** 2, axis=1))))
 
 
+_EDGE_SAMPLES = 24
+"""Points sampled along each side of the marker's black square."""
+_PROFILE = np.linspace(-2.5, 2.5, 21)
+"""Offsets (pixels) along a side's normal at which the intensity profile is read."""
+
+
+def refine_corners(cv2: Any, gray: np.ndarray, corners: np.ndarray) -> np.ndarray:
+    """Corners `[4, 2]` re-estimated as intersections of the black square's four sides, each a line
+    fitted to the sub-pixel edge points along it.
+
+    Corner-window refinement (`cornerSubPix`) pulls the corners of a small marker a few tenths of a
+    pixel inward (the data cells next to a corner add edges to its window), which at 30-50 pixels per
+    marker is a 1-2 % scale error, i.e. 10-20 mm of depth at 0.8 m. A side instead has tens of edge
+    points against the white quiet zone: along the normal of each sampled point the edge is the peak of
+    the intensity gradient (parabolic interpolation); a least-squares line through them is accurate to a
+    few hundredths of a pixel. Returns the input where a side is too short or an edge is not found.
+    """
+    lines = []
+    for k in range(4):
+        a, b = corners[k], corners[(k + 1) % 4]
+        length = np.linalg.norm(b - a)
+        if length < 8:
+            return corners
+        direction = (b - a) / length
+        normal = np.array([-direction[1], direction[0]])
+        ts = np.linspace(0.15, 0.85, _EDGE_SAMPLES)
+        base = a[None] + ts[:, None] * (b - a)[None]
+        pts = base[:, None, :] + _PROFILE[None, :, None] * normal[None, None, :]
+        xy = pts.reshape(-1, 2).astype(np.float32)
+        prof = cv2.remap(gray, xy[:, 0].reshape(1, -1), xy[:, 1].reshape(1, -1), cv2.INTER_LINEAR)
+        grad = np.abs(np.diff(prof.reshape(_EDGE_SAMPLES, -1), axis=1))
+        i = np.clip(np.argmax(grad, axis=1), 1, grad.shape[1] - 2)
+        rows = np.arange(_EDGE_SAMPLES)
+        g0, g1, g2 = grad[rows, i - 1], grad[rows, i], grad[rows, i + 1]
+        denom = g0 - 2 * g1 + g2
+        offset = np.where(np.abs(denom) > 1e-9, 0.5 * (g0 - g2) / np.where(denom == 0, 1, denom), 0.0)
+        step = _PROFILE[1] - _PROFILE[0]
+        # diff() puts the gradient between samples i and i+1: its position is the midpoint.
+        along_normal = _PROFILE[0] + (i + 0.5 + offset) * step
+        ok = g1 > 0.25 * g1.max()
+        if ok.sum() < _EDGE_SAMPLES // 2:
+            return corners
+        edge = base[ok] + along_normal[ok, None] * normal[None]
+        lines.append(_fit_line(edge))
+    return np.array([_intersect(lines[(k - 1) % 4], lines[k]) for k in range(4)])
+
+
+def _fit_line(points: np.ndarray) -> tuple[np.ndarray, float]:
+    """Total-least-squares line `n . p = c` through `points [N, 2]`: `(n [2], c)`."""
+    centre = points.mean(axis=0)
+    _, _, vt = np.linalg.svd(points - centre)
+    n = vt[1]
+    return n, float(n @ centre)
+
+
+def _intersect(l1: tuple[np.ndarray, float], l2: tuple[np.ndarray, float]) -> np.ndarray:
+    return np.linalg.solve(np.stack([l1[0], l2[0]]), np.array([l1[1], l2[1]]))
+
+
 def _pose(cv2: Any, rvec: np.ndarray, tvec: np.ndarray) -> np.ndarray:
     out = np.eye(4)
     out[:3, :3], _ = cv2.Rodrigues(np.asarray(rvec, dtype=np.float64))
@@ -252,35 +320,48 @@ def distortion_coefficients(intrinsics: CameraIntrinsics) -> np.ndarray:
 
 
 def estimate_object_poses(
-    detector: MarkerDetector, corners: dict[int, np.ndarray], markers: Sequence[MarkerConfig], max_rms_px: float
+    detector: MarkerDetector,
+    corners: dict[int, np.ndarray],
+    markers: Sequence[MarkerConfig],
+    max_rms_px: float,
+    max_view_angle_deg: float,
 ) -> dict[str, tuple[np.ndarray, int]]:
-    """`{object: (camera_from_object [4, 4], markers used)}` for each object with a visible marker.
+    """`{object: (camera_from_object [4, 4], markers used)}` for each object with a usable marker.
 
-    Each visible marker gives a pose by IPPE; the one with the lowest reprojection error seeds a joint
-    refinement over all of the object's visible corners. Poses reprojecting worse than `max_rms_px` are
-    left out (a misread id or a marker seen edge-on).
+    Each visible marker gives a pose by IPPE; markers that reproject worse than `max_rms_px` (a misread
+    id, a partly hidden marker) or are seen more obliquely than `max_view_angle_deg` (few pixels across,
+    poorly conditioned) are left out. The best remaining marker seeds a joint refinement over all of the
+    object's usable corners, kept when it reprojects within `max_rms_px`.
     """
-    by_object: dict[str, list[MarkerConfig]] = {}
+    usable: dict[str, list[tuple[float, MarkerConfig, np.ndarray]]] = {}
     for m in markers:
-        if m.id in corners:
-            by_object.setdefault(m.object, []).append(m)
-    out = {}
-    for obj, seen in by_object.items():
-        guesses = []
-        for m in seen:
-            cam_from_marker, rms = detector.marker_pose(corners[m.id], m.size_m)
-            marker_from_object = np.linalg.inv(matrix_from_transform(m.object_from_marker))
-            guesses.append((rms, cam_from_marker @ marker_from_object))
-        rms, pose = min(guesses, key=lambda g: g[0])
-        if len(seen) > 1:
-            points = np.concatenate([_corners_in_object(m) for m in seen])
-            pixels = np.concatenate([corners[m.id] for m in seen])
-            pose, rms = detector.object_pose(points, pixels, pose)
-        if rms > max_rms_px:
-            log.debug("object %r: pose discarded, reprojection RMS %.2f px > %.2f", obj, rms, max_rms_px)
+        if m.id not in corners:
             continue
+        cam_from_marker, rms = detector.marker_pose(corners[m.id], m.size_m)
+        if rms > max_rms_px or view_angle_deg(cam_from_marker) > max_view_angle_deg:
+            log.debug("marker %d on %r left out: RMS %.2f px, view angle %.0f deg", m.id, m.object, rms,
+                      view_angle_deg(cam_from_marker))
+            continue
+        marker_from_object = np.linalg.inv(matrix_from_transform(m.object_from_marker))
+        usable.setdefault(m.object, []).append((rms, m, cam_from_marker @ marker_from_object))
+    out = {}
+    for obj, seen in usable.items():
+        _, _, pose = min(seen, key=lambda s: s[0])
+        if len(seen) > 1:
+            points = np.concatenate([_corners_in_object(m) for _, m, _ in seen])
+            pixels = np.concatenate([corners[m.id] for _, m, _ in seen])
+            joint, rms = detector.object_pose(points, pixels, pose)
+            if rms <= max_rms_px:
+                pose = joint
         out[obj] = (pose, len(seen))
     return out
+
+
+def view_angle_deg(camera_from_marker: np.ndarray) -> float:
+    """Angle (degrees) between a marker's face normal and the line of sight to its centre (0: head-on)."""
+    centre = camera_from_marker[:3, 3]
+    cos = -camera_from_marker[:3, 2] @ centre / np.linalg.norm(centre)
+    return float(np.degrees(np.arccos(np.clip(cos, -1.0, 1.0))))
 
 
 def _corners_in_object(m: MarkerConfig) -> np.ndarray:
@@ -341,7 +422,10 @@ class FiducialPoseSource:
             # The camera's intrinsics are known once it streams (a RealSense reports them on connect).
             self._detector = MarkerDetector(self.config.dictionary, self.camera.intrinsics)  # type: ignore[attr-defined]
         corners = self._detector.detect(frame.color)
-        found = estimate_object_poses(self._detector, corners, self.config.markers, self.config.max_reprojection_px)
+        cfg = self.config
+        found = estimate_object_poses(
+            self._detector, corners, cfg.markers, cfg.max_reprojection_px, cfg.max_view_angle_deg
+        )
         measured = {}
         for obj, (cam_from_obj, _) in found.items():
             base_from_obj = self.base_from_camera @ cam_from_obj
