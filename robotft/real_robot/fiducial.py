@@ -132,7 +132,9 @@ class MarkerConfig:
 
     def __post_init__(self) -> None:
         if not self.size_m > 0 or self.id < 0:
-            raise ValueError(f"marker {self.id} on {self.object!r}: needs size_m > 0 and id >= 0, got {self.size_m}")
+            raise ValueError(
+                f"marker {self.id} on {self.object!r}: needs size_m > 0 and id >= 0, got {self.size_m}"
+            )
 
 
 @dataclass
@@ -230,7 +232,9 @@ class MarkerDetector:
         pose = _pose(cv2, rvec, tvec)
         return pose, self.reprojection_rms(points_obj, pixels, pose)
 
-    def reprojection_rms(self, points: np.ndarray, pixels: np.ndarray, camera_from_points: np.ndarray) -> float:
+    def reprojection_rms(
+        self, points: np.ndarray, pixels: np.ndarray, camera_from_points: np.ndarray
+    ) -> float:
         """RMS distance (pixels) between `pixels` and `points` projected through `camera_from_points`."""
         rvec, _ = self._cv2.Rodrigues(camera_from_points[:3, :3])
         proj, _ = self._cv2.projectPoints(points, rvec, camera_from_points[:3, 3], self._k, self._dist)
@@ -339,8 +343,13 @@ def estimate_object_poses(
             continue
         cam_from_marker, rms = detector.marker_pose(corners[m.id], m.size_m)
         if rms > max_rms_px or view_angle_deg(cam_from_marker) > max_view_angle_deg:
-            log.debug("marker %d on %r left out: RMS %.2f px, view angle %.0f deg", m.id, m.object, rms,
-                      view_angle_deg(cam_from_marker))
+            log.debug(
+                "marker %d on %r left out: RMS %.2f px, view angle %.0f deg",
+                m.id,
+                m.object,
+                rms,
+                view_angle_deg(cam_from_marker),
+            )
             continue
         marker_from_object = np.linalg.inv(matrix_from_transform(m.object_from_marker))
         usable.setdefault(m.object, []).append((rms, m, cam_from_marker @ marker_from_object))
@@ -372,12 +381,6 @@ def _corners_in_object(m: MarkerConfig) -> np.ndarray:
 # ---- the pose source -------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Track:
-    pose: ObjectPose
-    """Last measured pose (base frame), stamped with the capture time of the frame that saw it."""
-
-
 class FiducialPoseSource:
     """Object poses (robot base frame) from markers in one camera's frames; an `object_poses()` source
     for the runner, like the simulated scene's.
@@ -405,7 +408,8 @@ class FiducialPoseSource:
         self.max_age_s = config.max_age_s
         """Age (s) beyond which a pose at a control tick holds the arm."""
         self._detector: MarkerDetector | None = None
-        self._tracks: dict[str, _Track] = {}
+        self._seen: dict[str, ObjectPose] = {}
+        """Last measured pose per object (base frame), stamped with the capture time of its frame."""
         self._last_frame_time = -np.inf
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -435,7 +439,7 @@ class FiducialPoseSource:
         with self._lock:
             self._last_frame_time = max(self._last_frame_time, frame.capture_time_s)
             for obj, pose in measured.items():
-                self._tracks[obj] = _Track(pose)
+                self._seen[obj] = pose
         return measured
 
     def object_poses(self) -> dict[str, ObjectPose]:
@@ -447,11 +451,10 @@ class FiducialPoseSource:
         self._check()
         with self._lock:
             out = {}
-            for obj, track in self._tracks.items():
-                seen = track.pose.timestamp_s
-                held = self._last_frame_time - seen <= self.config.max_hold_s
-                t = self._last_frame_time if held else seen
-                out[obj] = ObjectPose(t, track.pose.pos, track.pose.quat)
+            for obj, pose in self._seen.items():
+                held = self._last_frame_time - pose.timestamp_s <= self.config.max_hold_s
+                t = self._last_frame_time if held else pose.timestamp_s
+                out[obj] = ObjectPose(t, pose.pos, pose.quat)
             missing = [o for o in self.objects if o not in out]
         for obj in missing:
             # Never seen: a pose infinitely old (stale at every tick) rather than a KeyError in the poller.

@@ -259,7 +259,8 @@ class SimCamera(ThreadedCamera):
                 ticker.wait()
                 frame = self._render(renderer, option, index)
                 self._frames.put(frame)
-                self.render_stats_s = [*self.render_stats_s[-99:], frame.receive_time_s - frame.capture_time_s]
+                age = frame.receive_time_s - frame.capture_time_s
+                self.render_stats_s = [*self.render_stats_s[-99:], age]
                 index += 1
         except BaseException as e:  # noqa: BLE001 - surfaced to the caller by _check()
             log.error("camera %r capture thread failed: %r", self.name, e)
