@@ -197,7 +197,8 @@ class MarkerDetector:
         self._detector = cv2.aruco.ArucoDetector(aruco_dictionary(dictionary), params)
         self.intrinsics = intrinsics
         self._k = intrinsics.matrix
-        self._dist = distortion_coefficients(intrinsics)
+        self.dist = distortion_coefficients(intrinsics)
+        """OpenCV distortion coefficients of the stream."""
 
     def detect(self, rgb: np.ndarray) -> dict[int, np.ndarray]:
         """Corners `[4, 2]` (pixels, detector order) of each marker id found in an RGB image, refined by
@@ -216,7 +217,7 @@ class MarkerDetector:
         """`camera_from_marker [4, 4]` of one square marker and its RMS reprojection error (pixels)."""
         cv2 = self._cv2
         n, rvecs, tvecs, errors = cv2.solvePnPGeneric(
-            marker_corners(size_m), corners, self._k, self._dist, flags=cv2.SOLVEPNP_IPPE_SQUARE
+            marker_corners(size_m), corners, self._k, self.dist, flags=cv2.SOLVEPNP_IPPE_SQUARE
         )
         best = int(np.argmin(np.ravel(errors))) if n > 1 else 0
         return _pose(cv2, rvecs[best], tvecs[best]), float(np.ravel(errors)[best])
@@ -228,7 +229,7 @@ class MarkerDetector:
         visible markers (`points_obj [N, 3]` in the object frame, `pixels [N, 2]`) from `guess`."""
         cv2 = self._cv2
         rvec, _ = cv2.Rodrigues(guess[:3, :3])
-        rvec, tvec = cv2.solvePnPRefineLM(points_obj, pixels, self._k, self._dist, rvec, guess[:3, 3].copy())
+        rvec, tvec = cv2.solvePnPRefineLM(points_obj, pixels, self._k, self.dist, rvec, guess[:3, 3].copy())
         pose = _pose(cv2, rvec, tvec)
         return pose, self.reprojection_rms(points_obj, pixels, pose)
 
@@ -237,7 +238,7 @@ class MarkerDetector:
     ) -> float:
         """RMS distance (pixels) between `pixels` and `points` projected through `camera_from_points`."""
         rvec, _ = self._cv2.Rodrigues(camera_from_points[:3, :3])
-        proj, _ = self._cv2.projectPoints(points, rvec, camera_from_points[:3, 3], self._k, self._dist)
+        proj, _ = self._cv2.projectPoints(points, rvec, camera_from_points[:3, 3], self._k, self.dist)
         return float(np.sqrt(np.mean(np.sum((proj.reshape(-1, 2) - pixels) ** 2, axis=1))))
 
 
