@@ -1,4 +1,4 @@
-"""`robotft pretrain | finetune | eval | deploy | data ...`: the command line.
+"""`robotft pretrain | finetune | eval | deploy | calibrate | data ...`: the command line.
 
 Every config field can be overridden with a dotted flag after the named options, e.g.
 `robotft finetune --from runs/bc --algo dppo --rl.clip_eps 0.02 --env.num_envs 4`.
@@ -347,6 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--device", default="auto")
     _add_write_mode(dep)
     dep.set_defaults(func=cmd_deploy)
+
+    from robotft.real_robot.calibrate import add_cli as add_calibrate
+
+    add_calibrate(sub)
     return p
 
 

@@ -441,6 +441,7 @@ def add_cli(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--write", action="store_true", help="write the result into the rig preset file")
     p.add_argument("--out", default=None, help="also save the views and the result as JSON here")
+    p.add_argument("--yes", action="store_true", help="on a real robot, start moving without asking first")
     p.set_defaults(func=cmd_calibrate)
 
 
@@ -469,6 +470,12 @@ def cmd_calibrate(args: argparse.Namespace, extra: list[str]) -> int:
         settle_s=args.settle,
         seed=args.seed,
     )
+    if not rig.simulated and not args.yes:
+        # The arm moves on its own: a person must be at the stop button and see the space is clear.
+        input(
+            f"the arm will visit {config.poses} poses within +-{config.pos_range_m} m and {config.rot_range_deg} deg "
+            "of where its TCP is now; clear the space, hold the stop button, press Enter to start"
+        )
     rig.cameras = [c for c in rig.cameras if c.name == args.camera]
     safety = SafetyLayer(rig.safety, 1.0 / rig.control_hz, cameras=[args.camera])
     robot, cameras = make_devices(rig, safety)
