@@ -196,7 +196,6 @@ class MarkerDetector:
         params.cornerRefinementMethod = cv2.aruco.CORNER_REFINE_SUBPIX
         self._detector = cv2.aruco.ArucoDetector(aruco_dictionary(dictionary), params)
         self.intrinsics = intrinsics
-        self._k = intrinsics.matrix
         self.dist = distortion_coefficients(intrinsics)
         """OpenCV distortion coefficients of the stream."""
 
@@ -214,13 +213,18 @@ class MarkerDetector:
         }
 
     def marker_pose(self, corners: np.ndarray, size_m: float) -> tuple[np.ndarray, float]:
-        """`camera_from_marker [4, 4]` of one square marker and its RMS reprojection error (pixels)."""
+        """`camera_from_marker [4, 4]` of one square marker and its RMS reprojection error (pixels): the
+        better of IPPE's two solutions."""
+        return min(self.marker_poses(corners, size_m), key=lambda s: s[1])
+
+    def marker_poses(self, corners: np.ndarray, size_m: float) -> list[tuple[np.ndarray, float]]:
+        """Both IPPE solutions `(camera_from_marker, RMS px)`: a small or distant square is ambiguous
+        (the two reproject almost equally well), so either may be the true one."""
         cv2 = self._cv2
         n, rvecs, tvecs, errors = cv2.solvePnPGeneric(
-            marker_corners(size_m), corners, self._k, self.dist, flags=cv2.SOLVEPNP_IPPE_SQUARE
+            marker_corners(size_m), corners, self.intrinsics.matrix, self.dist, flags=cv2.SOLVEPNP_IPPE_SQUARE
         )
-        best = int(np.argmin(np.ravel(errors))) if n > 1 else 0
-        return _pose(cv2, rvecs[best], tvecs[best]), float(np.ravel(errors)[best])
+        return [(_pose(cv2, rvecs[i], tvecs[i]), float(np.ravel(errors)[i])) for i in range(n)]
 
     def object_pose(
         self, points_obj: np.ndarray, pixels: np.ndarray, guess: np.ndarray
@@ -229,7 +233,9 @@ class MarkerDetector:
         visible markers (`points_obj [N, 3]` in the object frame, `pixels [N, 2]`) from `guess`."""
         cv2 = self._cv2
         rvec, _ = cv2.Rodrigues(guess[:3, :3])
-        rvec, tvec = cv2.solvePnPRefineLM(points_obj, pixels, self._k, self.dist, rvec, guess[:3, 3].copy())
+        rvec, tvec = cv2.solvePnPRefineLM(
+            points_obj, pixels, self.intrinsics.matrix, self.dist, rvec, guess[:3, 3].copy()
+        )
         pose = _pose(cv2, rvec, tvec)
         return pose, self.reprojection_rms(points_obj, pixels, pose)
 
@@ -238,12 +244,16 @@ class MarkerDetector:
     ) -> float:
         """RMS distance (pixels) between `pixels` and `points` projected through `camera_from_points`."""
         rvec, _ = self._cv2.Rodrigues(camera_from_points[:3, :3])
-        proj, _ = self._cv2.projectPoints(points, rvec, camera_from_points[:3, 3], self._k, self.dist)
+        proj, _ = self._cv2.projectPoints(
+            points, rvec, camera_from_points[:3, 3], self.intrinsics.matrix, self.dist
+        )
         return float(np.sqrt(np.mean(np.sum((proj.reshape(-1, 2) - pixels) ** 2, axis=1))))
 
 
 _EDGE_SAMPLES = 24
 """Points sampled along each side of the marker's black square."""
+_EDGE_INLIER_PX = 0.3
+"""Edge points farther than this (pixels) from the first line fit are left out of the second."""
 _PROFILE = np.linspace(-2.5, 2.5, 21)
 """Offsets (pixels) along a side's normal at which the intensity profile is read."""
 
@@ -272,7 +282,10 @@ def refine_corners(cv2: Any, gray: np.ndarray, corners: np.ndarray) -> np.ndarra
         pts = base[:, None, :] + _PROFILE[None, :, None] * normal[None, None, :]
         xy = pts.reshape(-1, 2).astype(np.float32)
         prof = cv2.remap(gray, xy[:, 0].reshape(1, -1), xy[:, 1].reshape(1, -1), cv2.INTER_LINEAR)
-        grad = np.abs(np.diff(prof.reshape(_EDGE_SAMPLES, -1), axis=1))
+        # The detector lists corners clockwise in the image, so `normal` points into the square: across
+        # the outer edge the intensity falls (white quiet zone to black border). The border's inner edge
+        # (black to a white data cell) rises, and is ignored.
+        grad = np.maximum(-np.diff(prof.reshape(_EDGE_SAMPLES, -1), axis=1), 0.0)
         i = np.clip(np.argmax(grad, axis=1), 1, grad.shape[1] - 2)
         rows = np.arange(_EDGE_SAMPLES)
         g0, g1, g2 = grad[rows, i - 1], grad[rows, i], grad[rows, i + 1]
@@ -285,7 +298,11 @@ def refine_corners(cv2: Any, gray: np.ndarray, corners: np.ndarray) -> np.ndarra
         if ok.sum() < _EDGE_SAMPLES // 2:
             return corners
         edge = base[ok] + along_normal[ok, None] * normal[None]
-        lines.append(_fit_line(edge))
+        n, c = _fit_line(edge)
+        inliers = np.abs(edge @ n - c) < _EDGE_INLIER_PX  # e.g. a point where a neighbour's edge is near
+        if inliers.sum() < _EDGE_SAMPLES // 2:
+            return corners
+        lines.append(_fit_line(edge[inliers]))
     return np.array([_intersect(lines[(k - 1) % 4], lines[k]) for k in range(4)])
 
 
@@ -338,33 +355,45 @@ def estimate_object_poses(
     poorly conditioned) are left out. The best remaining marker seeds a joint refinement over all of the
     object's usable corners, kept when it reprojects within `max_rms_px`.
     """
-    usable: dict[str, list[tuple[float, MarkerConfig, np.ndarray]]] = {}
+    usable: dict[str, list[tuple[float, MarkerConfig, list[np.ndarray]]]] = {}
     for m in markers:
         if m.id not in corners:
             continue
-        cam_from_marker, rms = detector.marker_pose(corners[m.id], m.size_m)
-        if rms > max_rms_px or view_angle_deg(cam_from_marker) > max_view_angle_deg:
+        solutions = detector.marker_poses(corners[m.id], m.size_m)
+        cam_from_marker, rms = min(solutions, key=lambda s: s[1])
+        angle = view_angle_deg(cam_from_marker)
+        if rms > max_rms_px or angle > max_view_angle_deg:
             log.debug(
-                "marker %d on %r left out: RMS %.2f px, view angle %.0f deg",
-                m.id,
-                m.object,
-                rms,
-                view_angle_deg(cam_from_marker),
+                "marker %d on %r left out: RMS %.2f px, view angle %.0f deg", m.id, m.object, rms, angle
             )
             continue
         marker_from_object = np.linalg.inv(matrix_from_transform(m.object_from_marker))
-        usable.setdefault(m.object, []).append((rms, m, cam_from_marker @ marker_from_object))
+        usable.setdefault(m.object, []).append((rms, m, [p @ marker_from_object for p, _ in solutions]))
     out = {}
     for obj, seen in usable.items():
-        _, _, pose = min(seen, key=lambda s: s[0])
+        rms, _, seeds = min(seen, key=lambda s: s[0])
+        pose = (
+            seeds[0] if len(seeds) == 1 else min(seeds, key=lambda p: _seed_rms(detector, seen, corners, p))
+        )
         if len(seen) > 1:
+            # Every IPPE solution of every marker seeds the joint fit: one marker's better-reprojecting
+            # solution can be the mirrored one, and a fit started there stays in the wrong minimum.
             points = np.concatenate([_corners_in_object(m) for _, m, _ in seen])
             pixels = np.concatenate([corners[m.id] for _, m, _ in seen])
-            joint, rms = detector.object_pose(points, pixels, pose)
-            if rms <= max_rms_px:
+            fits = [detector.object_pose(points, pixels, seed) for _, _, s in seen for seed in s]
+            joint, joint_rms = min(fits, key=lambda f: f[1])
+            if joint_rms <= max_rms_px:
                 pose = joint
         out[obj] = (pose, len(seen))
     return out
+
+
+def _seed_rms(
+    detector: MarkerDetector, seen: list, corners: dict[int, np.ndarray], pose: np.ndarray
+) -> float:
+    points = np.concatenate([_corners_in_object(m) for _, m, _ in seen])
+    pixels = np.concatenate([corners[m.id] for _, m, _ in seen])
+    return detector.reprojection_rms(points, pixels, pose)
 
 
 def view_angle_deg(camera_from_marker: np.ndarray) -> float:
