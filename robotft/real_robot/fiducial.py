@@ -3,11 +3,13 @@
 Each tracked object carries one or more markers at measured offsets (`object_from_marker`). For every
 new frame of the configured camera:
 
-1. `cv2.aruco.ArucoDetector` finds the markers' four corners (sub-pixel refined).
-2. Per object, the corners of its visible markers give `camera_from_object` by PnP: with one marker,
-   `SOLVEPNP_IPPE_SQUARE` (Collins & Bartoli 2014, "Infinitesimal Plane-Based Pose Estimation"), the
-   lower-reprojection-error one of its two solutions; with several, their corners (non-coplanar on a
-   cube) in the object frame refined jointly by Levenberg-Marquardt from the best single-marker pose.
+1. `cv2.aruco.ArucoDetector` finds the markers; each corner is then re-estimated as the intersection
+   of two sides of the black square, lines fitted to sub-pixel edge points (`refine_corners`).
+2. Per object, each visible marker gives `camera_from_marker` by `SOLVEPNP_IPPE_SQUARE` (Collins &
+   Bartoli 2014, "Infinitesimal Plane-Based Pose Estimation"); markers that reproject poorly or are
+   seen nearly edge-on are left out. With one marker, the lower-error one of IPPE's two solutions is the
+   pose; with several, all their corners (non-coplanar on a cube) in the object frame are fitted jointly
+   by Levenberg-Marquardt (`solvePnPRefineLM`), started from every single-marker solution.
 3. `base_from_object = base_from_camera * camera_from_object`, with the rig camera's extrinsics
    (`robotft calibrate` measures them, robotft.real_robot.calibrate).
 
@@ -347,20 +349,20 @@ def estimate_object_poses(
     markers: Sequence[MarkerConfig],
     max_rms_px: float,
     max_view_angle_deg: float,
-) -> dict[str, tuple[np.ndarray, int]]:
-    """`{object: (camera_from_object [4, 4], markers used)}` for each object with a usable marker.
+) -> dict[str, np.ndarray]:
+    """`{object: camera_from_object [4, 4]}` for each object with a usable marker.
 
     Each visible marker gives a pose by IPPE; markers that reproject worse than `max_rms_px` (a misread
     id, a partly hidden marker) or are seen more obliquely than `max_view_angle_deg` (few pixels across,
-    poorly conditioned) are left out. The best remaining marker seeds a joint refinement over all of the
-    object's usable corners, kept when it reprojects within `max_rms_px`.
+    poorly conditioned) are left out. With one usable marker its better IPPE solution is the pose; with
+    several, a joint fit over all their corners, kept when it reprojects within `max_rms_px`.
     """
     usable: dict[str, list[tuple[float, MarkerConfig, list[np.ndarray]]]] = {}
     for m in markers:
         if m.id not in corners:
             continue
-        solutions = detector.marker_poses(corners[m.id], m.size_m)
-        cam_from_marker, rms = min(solutions, key=lambda s: s[1])
+        solutions = sorted(detector.marker_poses(corners[m.id], m.size_m), key=lambda s: s[1])
+        cam_from_marker, rms = solutions[0]
         angle = view_angle_deg(cam_from_marker)
         if rms > max_rms_px or angle > max_view_angle_deg:
             log.debug(
@@ -371,29 +373,17 @@ def estimate_object_poses(
         usable.setdefault(m.object, []).append((rms, m, [p @ marker_from_object for p, _ in solutions]))
     out = {}
     for obj, seen in usable.items():
-        rms, _, seeds = min(seen, key=lambda s: s[0])
-        pose = (
-            seeds[0] if len(seeds) == 1 else min(seeds, key=lambda p: _seed_rms(detector, seen, corners, p))
-        )
+        out[obj] = min(seen, key=lambda s: s[0])[2][0]
         if len(seen) > 1:
             # Every IPPE solution of every marker seeds the joint fit: one marker's better-reprojecting
             # solution can be the mirrored one, and a fit started there stays in the wrong minimum.
             points = np.concatenate([_corners_in_object(m) for _, m, _ in seen])
             pixels = np.concatenate([corners[m.id] for _, m, _ in seen])
-            fits = [detector.object_pose(points, pixels, seed) for _, _, s in seen for seed in s]
+            fits = [detector.object_pose(points, pixels, seed) for _, _, seeds in seen for seed in seeds]
             joint, joint_rms = min(fits, key=lambda f: f[1])
             if joint_rms <= max_rms_px:
-                pose = joint
-        out[obj] = (pose, len(seen))
+                out[obj] = joint
     return out
-
-
-def _seed_rms(
-    detector: MarkerDetector, seen: list, corners: dict[int, np.ndarray], pose: np.ndarray
-) -> float:
-    points = np.concatenate([_corners_in_object(m) for _, m, _ in seen])
-    pixels = np.concatenate([corners[m.id] for _, m, _ in seen])
-    return detector.reprojection_rms(points, pixels, pose)
 
 
 def view_angle_deg(camera_from_marker: np.ndarray) -> float:
@@ -461,7 +451,7 @@ class FiducialPoseSource:
             self._detector, corners, cfg.markers, cfg.max_reprojection_px, cfg.max_view_angle_deg
         )
         measured = {}
-        for obj, (cam_from_obj, _) in found.items():
+        for obj, cam_from_obj in found.items():
             base_from_obj = self.base_from_camera @ cam_from_obj
             measured[obj] = ObjectPose(
                 frame.capture_time_s, base_from_obj[:3, 3].copy(), quat_from_matrix(base_from_obj[:3, :3])

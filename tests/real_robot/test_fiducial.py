@@ -181,3 +181,29 @@ def test_unknown_dictionary_and_bad_marker_lists_are_named():
         aruco_dictionary("DICT_9X9")
     with pytest.raises(ValueError, match="marker ids must be unique"):
         FiducialConfig(markers=[MarkerConfig("cube", 1, 0.03), MarkerConfig("cube", 1, 0.03)])
+
+
+def test_the_rig_builds_the_pose_source_it_names(scene):
+    from robotft.real_robot.backends import make_object_pose_source
+
+    robot, camera = scene
+    rig = load_rig("sim_franka")
+    assert make_object_pose_source(rig, robot, {"base": camera}) is robot  # `scene`: the simulated scene
+    extrinsics = transform_from_matrix(camera.camera_to_base())
+    rig.cameras[0] = dataclasses.replace(rig.cameras[0], base_from_camera=extrinsics)
+    markers = [dataclasses.asdict(m) for m in CUBE_MARKERS]
+    rig = dataclasses.replace(
+        rig, object_poses=ObjectPoseSourceConfig("fiducial", {"camera": "base", "markers": markers})
+    )
+    with pytest.raises(ValueError, match=r"does not track objects \['goal'\]"):
+        make_object_pose_source(rig, robot, {"base": camera})
+    source = make_object_pose_source(dataclasses.replace(rig, objects=["cube"]), robot, {"base": camera})
+    assert isinstance(source, FiducialPoseSource) and source.camera is camera
+    assert np.allclose(source.base_from_camera, camera.camera_to_base(), atol=1e-6)
+
+
+def test_quaternions_round_trip_through_matrices():
+    rng = np.random.default_rng(0)
+    for q in rng.normal(size=(50, 4)):
+        q = q / np.linalg.norm(q) * np.sign(q[0])
+        assert np.allclose(quat_from_matrix(quat_to_matrix(q)), q, atol=1e-9)
