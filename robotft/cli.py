@@ -201,7 +201,7 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
-    from robotft.checkpoint import load_policy
+    from robotft.checkpoint import describe_choice, load_policy
     from robotft.config import resolve_device
     from robotft.envs.chunked import ChunkedEnv
     from robotft.envs.factory import make_env
@@ -209,6 +209,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.specs import check_policy_fits_env
 
     device = resolve_device(args.device)
+    choice = describe_choice(args.checkpoint)
+    if choice:
+        print(choice, file=sys.stderr)
     policy, ckpt = load_policy(args.checkpoint, device=device)
     env_overrides = _split_overrides(parse_override_args(extra), ("env",))["env"]
     for item in args.env_override or []:
