@@ -185,3 +185,10 @@ def test_algorithms_doc_points_at_real_symbols():
         for part in symbol.split("."):
             assert hasattr(obj, part), f"docs/algorithms.md: {path}:{symbol} does not exist"
             obj = getattr(obj, part)
+
+
+def test_datasets_folder_is_not_a_python_package():
+    """`datasets/` holds recipes only: an `__init__.py` would shadow Hugging Face `datasets`, which LeRobot
+    imports."""
+    assert (REPO_ROOT / "datasets").is_dir()
+    assert not list((REPO_ROOT / "datasets").rglob("*.py")), "datasets/ must hold YAML recipes only"
