@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -121,9 +122,16 @@ def test_presets_of_each_kind_load():
 
 def test_wheel_ships_presets(tmp_path):
     """The wheel, installed into a fresh virtualenv outside the checkout, lists and loads its presets."""
+    # Build from a copy of what the sdist holds, so the checkout gets no build/ folder.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy2(REPO_ROOT / name, src / name)
+    for name in ("robotft", "envs", "policies", "real_robot", "datasets"):
+        shutil.copytree(REPO_ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            str(REPO_ROOT), "-w", str(wheels)], capture_output=True, text=True)
+                            str(src), "-w", str(wheels)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     (wheel,) = wheels.glob("robotft-*.whl")
     venv = tmp_path / "venv"
