@@ -83,7 +83,7 @@ def cmd_data_import(args: argparse.Namespace, extra: list[str]) -> int:
     if bool(args.files) == bool(args.from_lerobot):
         raise ConfigError("data import: give either ManiSkill .h5 / robomimic .hdf5 FILES or --from-lerobot ROOT_OR_REPO_ID")
     if args.from_lerobot:
-        from robotft.datasets.lerobot_io import import_lerobot, load_key_map, parse_map_args
+        from robotft.lerobot.dataset import import_lerobot, load_key_map, parse_map_args
 
         key_map = load_key_map(parse_map_args(args.map), args.map_file)
         print(json.dumps(import_lerobot(args.from_lerobot, args.out, key_map=key_map, mode=mode), default=str))
@@ -105,7 +105,7 @@ def cmd_data_import(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_data_export(args: argparse.Namespace, extra: list[str]) -> int:
-    from robotft.datasets.lerobot_io import export_lerobot, load_key_map, parse_map_args
+    from robotft.lerobot.dataset import export_lerobot, load_key_map, parse_map_args
 
     key_map = load_key_map(parse_map_args(args.map), args.map_file)
     print(json.dumps(export_lerobot(args.path, args.to_lerobot, args.repo_id, key_map=key_map,
@@ -136,8 +136,8 @@ def cmd_data_validate(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_policy_import(args: argparse.Namespace, extra: list[str]) -> int:
-    from robotft.datasets.lerobot_io import parse_map_args
-    from robotft.policies.lerobot_policy import import_lerobot_policy
+    from robotft.lerobot.dataset import parse_map_args
+    from robotft.lerobot.policy import import_lerobot_policy
 
     env_cfg = load_env_config(args.env, _split_overrides(parse_override_args(extra), ("env",))["env"])
     out = import_lerobot_policy(args.from_lerobot, args.out, env_cfg, key_map=parse_map_args(args.map),

@@ -30,8 +30,8 @@ def main() -> None:
 
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    from robotft.datasets.lerobot_io import export_lerobot, import_lerobot
     from robotft.datasets.store import ReplayBuffer
+    from robotft.lerobot.dataset import export_lerobot, import_lerobot
 
     size, n = args.size, args.episodes * args.steps
     features = {

@@ -151,7 +151,7 @@ def _toy_scripted(recipe: DatasetRecipe, out: Path, mode: str) -> dict[str, Any]
 @register_source("lerobot")
 def _lerobot(recipe: DatasetRecipe, out: Path, mode: str) -> dict[str, Any]:
     """A LeRobot v3.0 dataset (local root or hub-cache repo id), features renamed by `key_map`."""
-    from robotft.datasets.lerobot_io import import_lerobot, load_key_map
+    from robotft.lerobot.dataset import import_lerobot, load_key_map
 
     return import_lerobot(_need_path(recipe), out, key_map=load_key_map(recipe.key_map or None), mode=mode)
 

@@ -112,7 +112,7 @@ def build_policy(config: Any, spec: EnvSpec, normalizer: Normalizer) -> Policy:
 
 
 _BUILTINS = ("robotft.policies.diffusion", "robotft.policies.gaussian", "robotft.policies.residual", "robotft.policies.flow",
-             "robotft.policies.meanflow", "robotft.policies.flow_vlm", "robotft.policies.lerobot_policy")
+             "robotft.policies.meanflow", "robotft.policies.flow_vlm", "robotft.lerobot.policy")
 
 
 def _import_builtin_policies() -> None:

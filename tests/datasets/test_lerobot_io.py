@@ -15,8 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: E402
 
 from robotft.cli import main  # noqa: E402
-from robotft.datasets.lerobot_io import export_lerobot, import_lerobot, load_key_map, map_key  # noqa: E402
 from robotft.datasets.store import DatasetError, DatasetWriter, ReplayBuffer  # noqa: E402
+from robotft.lerobot.dataset import export_lerobot, import_lerobot, load_key_map, map_key  # noqa: E402
 from robotft.specs import ActionSpec, FeatureSpec  # noqa: E402
 
 FPS = 10

@@ -13,7 +13,7 @@ from lerobot_fixtures import TASK, make_smolvla_checkpoint
 from robotft.checkpoint import MODEL_FILE, load_policy
 from robotft.cli import main
 from robotft.config import EnvConfig
-from robotft.policies.lerobot_policy import (
+from robotft.lerobot.policy import (
     LeRobotCheckpointError,
     LeRobotDiffusion,
     LeRobotSmolVLA,

@@ -14,7 +14,7 @@ from robotft.config import EnvConfig
 from robotft.envs.chunked import ChunkedEnv
 from robotft.envs.factory import make_env
 from robotft.finetune import FinetuneConfig, make_algorithm, make_critic
-from robotft.policies.lerobot_policy import LeRobotDiffusion, LeRobotSmolVLA, import_lerobot_policy
+from robotft.lerobot.policy import LeRobotDiffusion, LeRobotSmolVLA, import_lerobot_policy
 from robotft.policies.residual import ResidualPolicy
 from robotft.rl.ppo import PPO, PPOConfig
 

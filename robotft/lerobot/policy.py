@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from robotft.datasets.lerobot_io import DEFAULT_KEY_MAP, map_key
 from robotft.datasets.normalizer import Normalizer
+from robotft.lerobot.dataset import DEFAULT_KEY_MAP, map_key
 from robotft.optional import require
 from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
 from robotft.policies.encoders import check_chunk, low_dim_obs_shapes
