@@ -93,8 +93,9 @@ class PARL(OffPolicyAlgorithm):
         low, high = self.low.to(chunk.device), self.high.to(chunk.device)
         x = norm.normalize("action", chunk[:, : self.act_steps]).detach()
         for _ in range(self.cfg.local_steps):
-            x.requires_grad_(True)
-            grad, = torch.autograd.grad(critic(obs, x.flatten(1)).mean(dim=0).sum(), x)
+            with torch.enable_grad():  # rollouts run under no_grad; the ascent needs ∇_a Q all the same
+                x.requires_grad_(True)
+                grad, = torch.autograd.grad(critic(obs, x.flatten(1)).mean(dim=0).sum(), x)
             x = norm.normalize("action", torch.clamp(norm.unnormalize("action", x + self.cfg.local_lr * grad),
                                                      low, high)).detach()
         out = chunk.clone()
