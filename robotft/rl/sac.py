@@ -22,14 +22,21 @@ from robotft.policies.encoders import mlp
 
 class TanhGaussianActor(nn.Module):
     """π(a | x) over `[-bound, bound]^dim` from a feature vector x `[N, in_dim]`: an MLP to (μ, log σ) of u, then
-    a = bound · tanh(u). log σ is squashed into [log_std_min, log_std_max]."""
+    a = bound · tanh(u). log σ is squashed into [log_std_min, log_std_max]; it starts near `init_std` (DSRL starts
+    at σ = 1, close to the base's own N(0, I) noise)."""
 
     def __init__(self, in_dim: int, dim: int, hidden_dims: tuple[int, ...], bound: float,
-                 log_std_min: float = -5.0, log_std_max: float = 2.0) -> None:
+                 log_std_min: float = -5.0, log_std_max: float = 2.0, init_std: float | None = None) -> None:
         super().__init__()
         self.dim, self.bound = dim, bound
         self.log_std_min, self.log_std_max = log_std_min, log_std_max
         self.net = mlp(in_dim, hidden_dims, 2 * dim)
+        if init_std is not None:
+            frac = (math.log(init_std) - log_std_min) / (log_std_max - log_std_min)
+            if not 0 < frac < 1:
+                raise ValueError(f"init_std {init_std} must lie inside exp([{log_std_min}, {log_std_max}])")
+            with torch.no_grad():
+                self.net[-1].bias[dim:] = math.atanh(2 * frac - 1)
 
     def _dist(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, raw = self.net(x).chunk(2, dim=-1)
