@@ -2,10 +2,9 @@
 and counters; DSRL leaves its base bit-identical and decodes deterministically; PA-RL's distillation lowers the BC
 loss on the optimized actions; filtered BC learns only from successful episodes."""
 
-import dataclasses
-
 import pytest
 import torch
+from tiny_specs import tiny_spec_and_normalizer
 
 from robotft import checkpoint as ckpt_io
 from robotft.config import EnvConfig
@@ -23,8 +22,10 @@ from robotft.rl.pa_rl import PARL, PARLConfig
 from robotft.rl.ppo import PPOConfig
 from robotft.rl.q_ensemble import QEnsemble
 from robotft.rl.replay import ReplayBatch
-from tests.rl.conftest import TOY_NAV2D
-from tests.tiny_specs import tiny_spec_and_normalizer
+from robotft.rl.residual_sac import ResidualSACConfig
+
+TOY_NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=50, max_episode_steps=40, control_mode="velocity_2d",
+                      reward_mode="dense", control_hz=10.0)
 
 # Small networks and a CPU-sized update budget: 50 envs × 4 chunks per iteration, 50 critic steps per iteration.
 SMALL = dict(utd=0.25, batch_size=128, critic_hidden=(64, 64), critic_warmup_iters=3)
@@ -32,7 +33,7 @@ SMALL = dict(utd=0.25, batch_size=128, critic_hidden=(64, 64), critic_warmup_ite
 
 def _offpolicy_cfg(source, out, algo: str, iterations: int, save_every: int | None = None, **sections):
     offpolicy = OffPolicyConfig(**{**SMALL, **sections.pop("offpolicy", {})})
-    return FinetuneConfig(source=str(source), out=str(out), algo=algo, env=dataclasses.replace(TOY_NAV2D, num_envs=50),
+    return FinetuneConfig(source=str(source), out=str(out), algo=algo, env=TOY_NAV2D,
                           rl=PPOConfig(iterations=iterations), offpolicy=offpolicy, eval_episodes=0,
                           save_every=save_every or iterations, seed=0, **sections)
 
@@ -52,7 +53,9 @@ def weak_flow_bc(tmp_path_factory, toy_pretrain):
 def test_offpolicy_algorithm_raises_success_on_toy(tmp_path, weak_gaussian_bc, toy_success, algo, margin):
     """A weak Gaussian BC (about 0.3 success) → 10 iterations (8,000 env steps) must beat it beyond the evaluation
     noise of 400 episodes (std ≈ 0.023)."""
-    sections = {"filtered_bc": {"filtered_bc": FilteredBCConfig(lr=1e-3)}}.get(algo, {})
+    sections = {"filtered_bc": {"filtered_bc": FilteredBCConfig(lr=1e-3)},
+                "residual_sac": {"residual_sac": ResidualSACConfig(residual_hidden=(64, 64)),
+                                 "offpolicy": {"actor_every": 2}}}.get(algo, {})
     out = run_finetune(_offpolicy_cfg(weak_gaussian_bc, tmp_path / algo, algo, 10, **sections))
     before, after = toy_success(weak_gaussian_bc), toy_success(out)
     assert after > before + margin, f"{algo} should improve on BC: {before:.2f} -> {after:.2f}"
@@ -80,7 +83,7 @@ class _Killed(RuntimeError):
 def test_killed_run_resumes_with_the_same_replay_buffer(tmp_path, weak_gaussian_bc, monkeypatch):
     out = tmp_path / "run"
     cfg = _offpolicy_cfg(weak_gaussian_bc, out, "residual_sac", 4, save_every=1,
-                         offpolicy={"critic_warmup_iters": 0})
+                         offpolicy={"critic_warmup_iters": 0}, residual_sac=ResidualSACConfig(residual_hidden=(32,)))
     original = OffPolicy.collect
 
     def dies_in_iteration_3(self, *args, **kwargs):
@@ -101,7 +104,8 @@ def test_killed_run_resumes_with_the_same_replay_buffer(tmp_path, weak_gaussian_
 
     def records_the_restored_buffer(self, *args, **kwargs):
         if self.iteration == 2 and not seen:
-            seen.update(self.replay.state_dict())
+            seen.update({k: {n: t.clone() for n, t in v.items()} if isinstance(v, dict) else v
+                         for k, v in self.replay.state_dict().items()})
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(OffPolicy, "collect", records_the_restored_buffer)
@@ -168,10 +172,6 @@ def test_pa_rl_distillation_lowers_the_bc_loss_on_the_optimized_actions():
     critic = QEnsemble(["state"], 3, algo.action_dim, norm, hidden_dims=(16,))
     obs = {"state": torch.randn(32, 1, 3)}
     targets = algo.improve(obs, critic)
-    sampled = algo.global_step(obs, critic)
-    q = critic(obs, algo.critic_action_from_chunk(targets)).mean(0)
-    assert (q >= critic(obs, algo.critic_action_from_chunk(sampled)).mean(0) - 1e-5).float().mean() > 0.9, \
-        "the local step climbs Q"
     bc_before = policy.loss({"obs": obs, "action": targets})[0].item()
     algo.distill(obs, targets)
     bc_after = policy.loss({"obs": obs, "action": targets})[0].item()
