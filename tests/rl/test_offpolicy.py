@@ -175,7 +175,7 @@ def test_pa_rl_distillation_lowers_the_bc_loss_on_the_optimized_actions():
     bc_before = policy.loss({"obs": obs, "action": targets})[0].item()
     algo.distill(obs, targets)
     bc_after = policy.loss({"obs": obs, "action": targets})[0].item()
-    assert bc_after < bc_before - 0.1, f"distillation should fit the optimized actions: {bc_before:.3f} -> {bc_after:.3f}"
+    assert bc_after < 0.9 * bc_before, f"distillation should fit the optimized actions: {bc_before:.3f} -> {bc_after:.3f}"
 
 
 # -- filtered BC ---------------------------------------------------------------------------------------------
