@@ -39,6 +39,8 @@ META_FILE = "meta.json"
 STATE_TENSORS_FILE = "training_state.safetensors"
 STATE_JSON_FILE = "training_state.json"
 LATEST_LINK = "checkpoint"
+BEST_DIR = "best"
+"""A run's checkpoint with the highest evaluation success so far (beside the latest)."""
 KEEP_LAST = 2
 
 
@@ -162,6 +164,24 @@ def save_run_checkpoint(run_dir: str | Path, step: int, **kwargs: Any) -> Path:
     for stale in steps[:-KEEP_LAST]:
         shutil.rmtree(stale, ignore_errors=True)
     return ckpt
+
+
+def save_best_checkpoint(run_dir: str | Path, score: float, **kwargs: Any) -> Path | None:
+    """Write `run_dir/best` when `score` (evaluation success) beats the best saved so far; returns its path,
+    or None when it did not. The score is recorded as `best_score` in its meta.json."""
+    previous = best_score(run_dir)
+    if previous is not None and score <= previous:
+        return None
+    kwargs["meta"] = {**kwargs.get("meta", {}), "best_score": score}
+    return write_checkpoint(Path(run_dir) / BEST_DIR, **kwargs)
+
+
+def best_score(run_dir: str | Path) -> float | None:
+    """The evaluation success of `run_dir/best`, None when the run has no best checkpoint yet."""
+    meta = Path(run_dir) / BEST_DIR / META_FILE
+    if not meta.is_file():
+        return None
+    return float(_read_json(meta)["best_score"])
 
 
 def _remove_stale_temporaries(run_dir: Path) -> None:

@@ -24,13 +24,14 @@ from tqdm import tqdm
 from robotft import checkpoint as ckpt_io
 from robotft.config import EnvConfig, from_dict, resolve_device, to_dict
 from robotft.envs.chunked import ChunkedEnv
-from robotft.evaluation import EvalResult, evaluate
+from robotft.evaluation import EVAL_SEED, EvalResult, evaluate
 from robotft.policies.base import Policy, build_policy, policy_config_class
 from robotft.rl.kl_monitor import KLToBase
 from robotft.rl.offpolicy import OffPolicy, OffPolicyAlgorithm
 from robotft.rl.q_ensemble import QEnsemble
 from robotft.rl.replay import store_transitions
 from robotft.runlog import RunLogger
+from robotft.specs import check_policy_fits_env
 
 if TYPE_CHECKING:
     from robotft.finetune import FinetuneConfig
@@ -83,6 +84,7 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
     o = policy.config
 
     env = make_env(env_cfg, device=device)
+    check_policy_fits_env(source.spec, env.spec, str(source.path))
     chunked = ChunkedEnv(env, o.obs_steps, o.act_steps)
     eval_env = env
     if cfg.eval_episodes > 0 and cfg.eval_num_envs:
@@ -119,28 +121,40 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
     def run_eval() -> EvalResult:
         policy.eval()
         result = evaluate(lambda ob: policy.predict_chunk(ob, deterministic=True), chunked_eval,
-                          cfg.eval_episodes, seed=cfg.seed + 1_000_000)
+                          cfg.eval_episodes, seed=EVAL_SEED)
         if eval_env is env:
             learner.restart_episodes()  # evaluation left the shared envs mid-episode
         return result
 
-    def save(metrics: dict[str, Any]) -> None:
-        ckpt_io.save_run_checkpoint(
-            out, learner.iteration,
+    def checkpoint_contents(metrics: dict[str, Any], with_state: bool = True) -> dict[str, Any]:
+        return dict(
             model_state=policy.state_dict(),
             config={"policy": to_dict(o), "env": to_dict(env_cfg), "spec": source.spec.to_dict(), "run": run_config},
             normalizer=source.normalizer,
             meta={"stage": "finetune", "step": learner.iteration, "env_steps": learner.env_steps,
                   "metrics": metrics, "algo": cfg.algo, "source": origin, "wall_seconds": wall_seconds()},
-            training_state={"offpolicy": learner.state_dict(), "kl_to_base": kl_monitor.state_dict()},
+            # The best checkpoint is for evaluation and deployment: it does not carry the replay buffer.
+            training_state={"offpolicy": learner.state_dict(), "kl_to_base": kl_monitor.state_dict()}
+            if with_state else None,
         )
+
+    def save(metrics: dict[str, Any]) -> None:
+        ckpt_io.save_run_checkpoint(out, learner.iteration, **checkpoint_contents(metrics))
+
+    def evaluate_and_keep_best(when: str) -> dict[str, Any]:
+        """Evaluate, log, and write `out/best` when the success rate is the best of the run so far."""
+        result = run_eval()
+        metrics = _log_eval(log, learner, result, when, wall_seconds())
+        if ckpt_io.save_best_checkpoint(out, result.success_rate, **checkpoint_contents(metrics, False)) is not None:
+            tqdm.write(f"best so far: {out / ckpt_io.BEST_DIR} (success {result.success_rate:.2f})", file=sys.stderr)
+        return metrics
 
     metrics: dict[str, Any] = {}
     try:
         with RunLogger(out, resume_step=learner.env_steps if resuming else None) as log:
             if learner.iteration == 0:
                 if cfg.eval_episodes > 0:
-                    metrics = _log_eval(log, learner, run_eval(), "before fine-tuning", wall_seconds())
+                    metrics = evaluate_and_keep_best("before fine-tuning")
                 _warm_start(learner, log)
             bar = tqdm(range(learner.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]",
                        initial=learner.iteration, total=cfg.rl.iterations, dynamic_ncols=True, file=sys.stderr)
@@ -166,7 +180,7 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
                                 q=f"{update.get('q_mean', float('nan')):.2f}")
                 last = learner.iteration == cfg.rl.iterations
                 if cfg.eval_episodes > 0 and (last or learner.iteration % cfg.eval_every == 0):
-                    metrics = _log_eval(log, learner, run_eval(), f"iteration {learner.iteration}", wall_seconds())
+                    metrics = evaluate_and_keep_best(f"iteration {learner.iteration}")
                 if last or learner.iteration % cfg.save_every == 0:
                     save(metrics)
             bar.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -49,6 +50,8 @@ class DSRLConfig:
 
 class DSRL(OffPolicyAlgorithm):
     name = "dsrl"
+    offpolicy_defaults: ClassVar[dict[str, Any]] = {"critic_warmup_iters": 3}
+    """The actor waits 3 iterations for a critic fitted to the first rollouts (PORL's from-scratch Q)."""
 
     def __init__(self, policy: Policy, cfg: DSRLConfig) -> None:
         if not isinstance(policy, NoiseSteeredPolicy):

@@ -25,7 +25,7 @@ import abc
 import copy
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -110,6 +110,10 @@ class OffPolicyAlgorithm(abc.ABC):
     name: str
     core = "offpolicy"
     """Which fine-tuning loop runs this algorithm (robotft.finetune)."""
+    rl_defaults: ClassVar[dict[str, Any]] = {}
+    """The PPO core's `rl.` defaults (robotft.finetune.FinetuneConfig.for_algorithm): none apply here."""
+    offpolicy_defaults: ClassVar[dict[str, Any]] = {}
+    """This algorithm's own values for the off-policy core's `offpolicy.` fields (FinetuneConfig.for_algorithm)."""
     policy: Policy
     action_dim: int
     """Width of the critic's action input."""

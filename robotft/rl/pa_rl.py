@@ -18,6 +18,7 @@ itself, evaluated by its own `predict_chunk`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -57,6 +58,8 @@ def repeat_obs(obs: Obs, n: int) -> Obs:
 
 class PARL(OffPolicyAlgorithm):
     name = "pa_rl"
+    offpolicy_defaults: ClassVar[dict[str, Any]] = {"critic_warmup_iters": 3}
+    """Re-ranking with an untrained Q is noise: the critic learns alone for 3 iterations."""
 
     def __init__(self, policy: Policy, cfg: PARLConfig) -> None:
         self.policy, self.cfg = policy, cfg

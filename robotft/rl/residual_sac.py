@@ -11,6 +11,7 @@ in a zero-initialised residual at the start (so fine-tuning starts exactly at th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -58,6 +59,9 @@ def wrap_residual(base: Policy, hidden_dims: tuple[int, ...], log_std_init: floa
 
 class ResidualSAC(OffPolicyAlgorithm):
     name = "residual_sac"
+    # The critic learns alone for 3 iterations and twice as often as the actor: on the toy suite the residual
+    # otherwise follows an untrained Q and collapses.
+    offpolicy_defaults: ClassVar[dict[str, Any]] = {"critic_warmup_iters": 3, "actor_every": 2}
 
     def __init__(self, policy: Policy, cfg: ResidualSACConfig) -> None:
         if not isinstance(policy, ResidualPolicy):

@@ -26,6 +26,7 @@ def _algo(policy: FlowPolicy, **kwargs) -> ReinFlow:
 def test_logprob_equals_independent_chain_computation():
     policy = _policy()
     algo = _algo(policy)
+    algo.logprob_reduction = "sum"  # the exact joint density of the chain (the default averages its entries)
     obs = {"state": torch.randn(5, 2, 3)}
     out = algo.act(obs)
     chain = out.sample["chain"]  # [B, K+1, H, A]
@@ -43,6 +44,8 @@ def test_logprob_equals_independent_chain_computation():
         expected = expected + torch.distributions.Normal(mean, sigma).log_prob(chain[:, k + 1]).sum(dim=(1, 2))
     assert torch.allclose(out.logprob[:, 0], expected, atol=1e-4)
     assert torch.allclose(algo.logprob(obs, out.sample), out.logprob, atol=1e-5)
+    algo.logprob_reduction = "mean"  # ReinFlow's normalization by the (K + 1) H A entries
+    assert torch.allclose(algo.logprob(obs, out.sample)[:, 0], expected / (4 * 4 * 2), atol=1e-5)
 
 
 def test_sampled_chain_follows_the_learned_noise():
