@@ -111,9 +111,10 @@ def _finetune(args: argparse.Namespace, env: str, algo: str, seed: int, source: 
 
 
 def to_target(mean_curve: list[dict], target: float) -> dict:
-    """The first evaluation whose mean success reaches `target`: its env steps and wall seconds (None if never)."""
+    """The first evaluation whose mean success reaches `target`: its env steps and wall seconds (None if never, or
+    if the target is 0: DPPO never succeeded, so there is nothing to reach)."""
     for point in mean_curve:
-        if point["success_mean"] >= target:
+        if target > 0 and point["success_mean"] >= target:
             return {"env_steps_to_target": point["env_steps"], "wall_seconds_to_target": point["wall_seconds"]}
     return {"env_steps_to_target": None, "wall_seconds_to_target": None}
 
