@@ -2,11 +2,14 @@
 and counters; DSRL leaves its base bit-identical and decodes deterministically; PA-RL's distillation lowers the BC
 loss on the optimized actions; filtered BC learns only from successful episodes."""
 
+import json
+
 import pytest
 import torch
 from tiny_specs import tiny_spec_and_normalizer
 
 from robotft import checkpoint as ckpt_io
+from robotft.cli import main
 from robotft.config import EnvConfig
 from robotft.datasets.normalizer import Normalizer
 from robotft.envs.chunked import ChunkedEnv
@@ -23,6 +26,7 @@ from robotft.rl.ppo import PPOConfig
 from robotft.rl.q_ensemble import QEnsemble
 from robotft.rl.replay import ReplayBatch
 from robotft.rl.residual_sac import ResidualSACConfig
+from robotft.runlog import read_metrics
 
 TOY_NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=50, max_episode_steps=40, control_mode="velocity_2d",
                       reward_mode="dense", control_hz=10.0)
@@ -201,3 +205,22 @@ def test_filtered_bc_trains_only_on_successful_episodes():
     learner.update(num_updates=100, train_actor=True)
     mean = policy.predict_chunk(obs, deterministic=True)
     assert (mean < -0.8).all(), f"the policy should imitate only the successful chunks, got {mean[0, 0]}"
+
+
+# -- the command line ----------------------------------------------------------------------------------------
+
+
+def test_cli_runs_an_offpolicy_algorithm_and_robotft_eval_loads_its_checkpoint(tmp_path, weak_flow_bc, capsys):
+    """`robotft finetune --algo dsrl` with core flags, evaluated before and after, then `robotft eval` (no flags)."""
+    out = tmp_path / "dsrl"
+    assert main(["finetune", "--from", str(weak_flow_bc), "--algo", "dsrl", "--iterations", "2", "--out", str(out),
+                 "--env.num_envs", "8", "--offpolicy.utd", "0.1", "--offpolicy.critic_hidden", "32",
+                 "--dsrl.actor_hidden", "32", "--eval_episodes", "4", "--eval_every", "1"]) == 0
+    evals = [r for r in read_metrics(out) if "eval/success_rate" in r]
+    assert [r["step"] for r in evals] == [0, 8 * 4 * 4, 2 * 8 * 4 * 4]
+    run = json.loads((out / "config.json").read_text())["run"]
+    assert run["offpolicy"]["critic_warmup_iters"] == 3, "dsrl's own core defaults apply under the user's flags"
+    capsys.readouterr()
+    assert main(["eval", str(out), "--episodes", "4", "--num-envs", "4", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["episodes"] == 4
