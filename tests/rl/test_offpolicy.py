@@ -224,3 +224,21 @@ def test_cli_runs_an_offpolicy_algorithm_and_robotft_eval_loads_its_checkpoint(t
     assert main(["eval", str(out), "--episodes", "4", "--num-envs", "4", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["episodes"] == 4
+
+
+def test_demonstrations_from_a_store_feed_the_update_and_dsrl_refuses_them(tmp_path, weak_gaussian_bc, weak_flow_bc,
+                                                                           toy_demos):
+    """RLPD mixing: a dataset store's episodes fill half of every minibatch (and pre-train the critic); DSRL acts
+    in noise space, which demonstrations do not record."""
+    out = run_finetune(_offpolicy_cfg(weak_gaussian_bc, tmp_path / "rsac", "residual_sac", 1,
+                                      offpolicy={"demo_data": str(toy_demos), "critic_pretrain_steps": 5,
+                                                 "warmup_steps": 2}))
+    rows = read_metrics(out)
+    warm = [r for r in rows if "warmup/critic_loss" in r]
+    assert warm and warm[0]["step"] == 0 and warm[0]["warmup/updates"] == 5
+    assert any("warmup/env_steps" in r for r in rows)
+    final = ckpt_io.read_checkpoint(out)
+    assert final.meta["env_steps"] == (2 + 4) * 50 * 4  # the WSRL warm-up's chunks count as env steps
+    with pytest.raises(ValueError, match="demo_data"):
+        run_finetune(_offpolicy_cfg(weak_flow_bc, tmp_path / "dsrl", "dsrl", 1,
+                                    offpolicy={"demo_data": str(toy_demos)}))
