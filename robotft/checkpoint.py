@@ -214,6 +214,22 @@ def resume_checkpoint(run_dir: str | Path) -> Path | None:
 # -- reading ----------------------------------------------------------------------------------------
 
 
+def describe_choice(path: str | Path) -> str | None:
+    """For a run directory: one line saying which of its checkpoints loads (the latest) and where the best by
+    evaluation success is; None for a checkpoint directory."""
+    path = Path(path)
+    if (path / MODEL_FILE).is_file() or not (path / LATEST_LINK).exists():
+        return None
+    latest = _read_json(path / LATEST_LINK / META_FILE)
+    line = f"{path}: loading the latest checkpoint ({os.readlink(path / LATEST_LINK)}, step {latest.get('step')})"
+    score = best_score(path)
+    if score is not None:
+        best = _read_json(path / BEST_DIR / META_FILE)
+        line += (f"; the best by evaluation success ({score:.2f}, step {best.get('step')}) is "
+                 f"{path / BEST_DIR}")
+    return line
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory, or a run directory whose `checkpoint` link names the newest one."""
     path = Path(path)

@@ -1,4 +1,4 @@
-"""`robotft pretrain | finetune | eval | deploy | data ...`: the command line.
+"""`robotft pretrain | finetune | eval | deploy | calibrate | data ...`: the command line.
 
 Every config field can be overridden with a dotted flag after the named options, e.g.
 `robotft finetune --from runs/bc --algo dppo --rl.clip_eps 0.02 --env.num_envs 4`.
@@ -205,7 +205,7 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
-    from robotft.checkpoint import load_policy
+    from robotft.checkpoint import describe_choice, load_policy
     from robotft.config import resolve_device
     from robotft.envs.chunked import ChunkedEnv
     from robotft.envs.factory import make_env
@@ -213,6 +213,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.specs import check_policy_fits_env
 
     device = resolve_device(args.device)
+    choice = describe_choice(args.checkpoint)
+    if choice:
+        print(choice, file=sys.stderr)
     policy, ckpt = load_policy(args.checkpoint, device=device)
     env_overrides = _split_overrides(parse_override_args(extra), ("env",))["env"]
     for item in args.env_override or []:
@@ -362,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--device", default="auto")
     _add_write_mode(dep)
     dep.set_defaults(func=cmd_deploy)
+
+    from robotft.real_robot.calibrate import add_cli as add_calibrate
+
+    add_calibrate(sub)
     return p
 
 

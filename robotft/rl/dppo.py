@@ -27,9 +27,11 @@ from robotft.rl.algorithm import ActOutput, Algorithm
 class DPPOConfig:
     """DPPO-specific settings (the PPO core's are under `rl.`)."""
 
-    ft_denoising_steps: int = 0
-    """How many final denoising transitions are fine-tuned (and scored); 0 takes all of the policy's sampler
-    steps (DDPM: every diffusion step; DDIM: `ddim_steps`)."""
+    ft_denoising_steps: int = 10
+    """How many final denoising transitions are fine-tuned (and scored), capped at the policy sampler's steps
+    (a 5-step DDIM policy fine-tunes all 5). DPPO's 10: on a 20-step DDPM policy for ManiSkill PickCube,
+    fine-tuning all 20 steps put the exploration std on every step and dropped the rollouts' success from the
+    policy's 82% to 0-25%."""
     min_sampling_std: float = 0.1
     """Lower bound on each fine-tuned transition's std while sampling rollouts (exploration)."""
     min_logprob_std: float = 0.1
@@ -47,9 +49,8 @@ class DPPOConfig:
     one (the paper's Appendix, following Eq. 2 of arXiv 2403.03949); 0 disables it."""
 
     def __post_init__(self) -> None:
-        if self.ft_denoising_steps < 0:
-            raise ValueError(f"dppo.ft_denoising_steps must be >= 0 (0: all sampler steps), got "
-                             f"{self.ft_denoising_steps}")
+        if self.ft_denoising_steps < 1:
+            raise ValueError(f"dppo.ft_denoising_steps must be >= 1, got {self.ft_denoising_steps}")
         # A zero std makes DDPM's last transition a point mass, which has no density to score.
         if self.min_sampling_std <= 0 or self.min_logprob_std <= 0:
             raise ValueError(
@@ -69,17 +70,13 @@ class DPPO(Algorithm):
         if not isinstance(policy, DiffusionPolicy):
             raise TypeError(f"dppo fine-tunes diffusion policies; got {type(policy).__name__}")
         self.policy, self.cfg = policy, cfg
-        sampler_steps = policy.config.num_denoising_steps
-        wanted = cfg.ft_denoising_steps or sampler_steps
-        if wanted > sampler_steps:
-            raise ValueError(f"dppo.ft_denoising_steps={wanted} exceeds the policy's {policy.config.sampler} sampler "
-                             f"steps ({sampler_steps}); use at most {sampler_steps} or 0 for all")
+        wanted = min(cfg.ft_denoising_steps, policy.config.num_denoising_steps)
         if policy.config.ft_denoising_steps == 0:
             policy.enable_finetuning(wanted)
-        elif cfg.ft_denoising_steps and policy.config.ft_denoising_steps != cfg.ft_denoising_steps:
+        elif policy.config.ft_denoising_steps != wanted:
             raise ValueError(
                 f"checkpoint was fine-tuned with ft_denoising_steps={policy.config.ft_denoising_steps}, "
-                f"but dppo.ft_denoising_steps={cfg.ft_denoising_steps}"
+                f"but dppo.ft_denoising_steps={wanted}"
             )
         self.k = policy.config.ft_denoising_steps
 

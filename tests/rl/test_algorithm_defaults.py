@@ -72,7 +72,7 @@ def test_algorithms_declare_different_defaults():
 
 
 def test_dppo_runs_from_a_ddim_policy_with_default_flags(tmp_path, sources):
-    """dppo.ft_denoising_steps defaults to the sampler's own number of steps (here DDIM's 4)."""
+    """dppo.ft_denoising_steps (DPPO's 10) is capped at the sampler's own number of steps (here DDIM's 4)."""
     _finetune(sources["ddim"], tmp_path / "dppo_ddim", "dppo")
     saved = json.loads((tmp_path / "dppo_ddim" / "checkpoint" / "config.json").read_text())["policy"]
     assert saved["ft_denoising_steps"] == 4
