@@ -224,9 +224,10 @@ def resolve_finetune(args: argparse.Namespace, extra: list[str]) -> tuple[Any, d
     run = dict(saved["run"])
     named = {"source": args.source, "out": args.out, "algo": args.algo, "seed": args.seed}
     run.update({k: v for k, v in named.items() if v is not None})
-    if "rl" not in saved["run"]:  # a fresh run: the algorithm's own PPO-core defaults (a saved run has them)
-        base_rl = to_dict(FinetuneConfig.for_algorithm(run.get("algo", FinetuneConfig.algo)).rl)
-        run["rl"] = merge(base_rl, run.get("rl", {}))
+    if "rl" not in saved["run"]:  # a fresh run: the algorithm's own core defaults (a saved run has them)
+        base = to_dict(FinetuneConfig.for_algorithm(run.get("algo", FinetuneConfig.algo)))
+        for core in ("rl", "offpolicy"):
+            run[core] = merge(base[core], run.get(core, {}))
     if args.iterations is not None:
         run["rl"] = merge(run.get("rl", {}), {"iterations": args.iterations})
     if args.wandb:
