@@ -8,11 +8,11 @@ import lerobot_fixtures
 import pytest
 import torch
 from lerobot_fixtures import TASK
-from robotft.policies.lerobot_policy import import_lerobot_policy
 
 from robotft.checkpoint import load_policy, read_checkpoint
 from robotft.config import EnvConfig
 from robotft.finetune import FinetuneConfig, run_finetune
+from robotft.lerobot.policy import import_lerobot_policy
 from robotft.policies.noise_steered import NoiseSteeredPolicy
 from robotft.rl.dsrl import DSRLConfig
 from robotft.rl.offpolicy import OffPolicyConfig
