@@ -209,6 +209,13 @@ def resume_checkpoint(run_dir: str | Path) -> Path | None:
     return link.resolve()
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a small text file by a temp file and a rename (a kill leaves the old or the new content)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 # -- run directories --------------------------------------------------------------------------------
 
 
@@ -254,7 +261,8 @@ def prepare_run_dir(out: str | Path, stage: str, *, resume: bool = False, overwr
                 "(robotft neither writes into nor deletes it)")
         if found != stage:
             raise CheckpointError(f"{out}: holds a {found} run, expected a {stage} run; choose another --out")
-        if overwrite:
+        started = (out / LATEST_LINK).is_symlink() or (out / LATEST_LINK).exists()
+        if overwrite or (not resume and not started):  # a run killed before its first checkpoint: start over
             _replace_with_empty_dir(out)
         elif not resume:
             raise CheckpointError(f"{out}: already holds a {stage} run; pass --resume to continue it or "
