@@ -247,7 +247,9 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = apply_overrides(cfg, section_overrides) if section_overrides else cfg
     check_bounds(cfg)
     _check_finetune_out(Path(args.source), Path(args.out))
-    from robotft.checkpoint import prepare_run_dir
+    from robotft.checkpoint import load_policy, prepare_run_dir
+
+    load_policy(args.source)  # a damaged source is refused before the run directory is made
 
     prepare_run_dir(args.out, "finetune", resume=args.resume, overwrite=args.overwrite)
     out = run_finetune(cfg, policy_overrides=groups["policy"], resume=args.resume)

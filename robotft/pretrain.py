@@ -163,6 +163,12 @@ def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, overw
     np.random.seed(cfg.train.seed)
     out = Path(cfg.out)
     buffer = ReplayBuffer.open(cfg.data)
+    for key in (*policy_cfg.obs_keys, "action"):  # read (and cache) the low-dim data before writing anything
+        if key in buffer.features and buffer.features[key].dtype != "uint8":
+            x = buffer.array(key)
+            if x.dtype.kind == "f" and not np.isfinite(x).all():
+                step = int(np.argmax(~np.isfinite(x.reshape(len(x), -1)).all(axis=1)))
+                raise ValueError(f"{buffer.path}: data/{key} has NaN or inf at step {step}, expected finite values")
     evaluating = cfg.env is not None and cfg.train.eval_episodes > 0
     if cfg.env is None:
         spec = dataset_spec(buffer, policy_cfg)
