@@ -148,7 +148,7 @@ def recover_store(path: str | Path) -> None:
                 _remove(p)
 
 
-def _sibling_name(path: Path, kind: str) -> Path:
+def sibling_name(path: Path, kind: str) -> Path:
     return path.parent / f"{path.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
@@ -156,12 +156,12 @@ def swap_into_place(tmp: Path, path: Path) -> None:
     """Move the complete directory `tmp` to `path`, replacing what is there, such that a kill at any point
     leaves a complete store at `path` once `recover_store` has run: `tmp` is first renamed `.new-` (complete),
     then the old store `.old-`, then `.new-` to `path`; the old store is deleted last."""
-    new = _sibling_name(path, "new")
+    new = sibling_name(path, "new")
     os.rename(tmp, new)
     if not path.exists():
         os.rename(new, path)
         return
-    old = _sibling_name(path, "old")
+    old = sibling_name(path, "old")
     os.rename(path, old)
     try:
         os.rename(new, path)
@@ -622,7 +622,7 @@ class DatasetWriter:
             raise DatasetError(f"{self.path}: already exists (append to it with mode='append' / --append, or replace it with mode='overwrite' / --overwrite)")
         existing = self._open_existing() if mode == "append" else None
 
-        self._tmp = _sibling_name(self.path, "tmp")
+        self._tmp = sibling_name(self.path, "tmp")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             if existing is not None:
@@ -764,7 +764,7 @@ class DatasetWriter:
         try:
             self._write_and_swap()
             self._committed = True
-            self._tmp = _sibling_name(self.path, "tmp")
+            self._tmp = sibling_name(self.path, "tmp")
             self._copy_of_store()
         except BaseException:
             self.abort()
