@@ -34,10 +34,12 @@ def kill_series(
     window_s: tuple[float, float],
     cwd: Path,
     kills: int = KILLS,
+    ready: Callable[[], bool] | None = None,
 ) -> collections.Counter:
     """Run `argv_for(i)` for i in range(kills), SIGKILL it at a uniform random moment in `window_s` seconds
-    after start (unless it finished first), then call `check(i, outcome)` to assert what it left is intact.
-    Outcomes: `killed`, or `finished rc=N`. Returns the tally of outcomes."""
+    after start (or after `ready()` first holds: skips a slow start-up), unless it finished first, then call
+    `check(i, outcome)` to assert what it left is intact. Outcomes: `killed`, or `finished rc=N`. Returns the
+    tally of outcomes."""
     rng = random.Random(f"{SEED}-{name}")
     tally: collections.Counter = collections.Counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -47,6 +49,9 @@ def kill_series(
         log = cwd / f"{name}-{i}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(list(argv_for(i)), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+            give_up = time.monotonic() + 300
+            while ready is not None and proc.poll() is None and not ready() and time.monotonic() < give_up:
+                time.sleep(0.01)
             deadline = time.monotonic() + at
             while proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -155,3 +155,27 @@ def test_death_between_the_renames_of_a_store_swap_leaves_a_store(tmp_path, afte
     buf = ReplayBuffer.open(store)
     assert buf.n_steps == (3 if after == 1 else 7)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]
+
+
+_COMMIT_SCRIPT = """
+import os, sys
+import numpy as np
+from robotft.datasets.store import DatasetWriter
+from robotft.specs import FeatureSpec
+
+w = DatasetWriter(sys.argv[1], {"action": FeatureSpec("action", (2,), "float32")}, fps=10.0)
+for i in range(3):
+    w.add_episode({"action": np.full((4, 2), float(i))})
+    if i < 2:
+        w.commit()  # as a deployment does after each finished episode
+os._exit(9)  # killed while the third episode is not yet committed
+"""
+
+
+def test_committed_episodes_survive_a_kill(tmp_path):
+    store = tmp_path / "rec.zarr"
+    proc = subprocess.run([sys.executable, "-c", _COMMIT_SCRIPT, str(store)], capture_output=True)
+    assert proc.returncode == 9, proc.stderr.decode()[-2000:]
+    buf = ReplayBuffer.open(store)
+    assert buf.n_episodes == 2 and buf.array("action")[:, 0].tolist() == [0.0] * 4 + [1.0] * 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rec.zarr"]
