@@ -238,7 +238,7 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
     elif groups["env"]:
         from robotft.checkpoint import read_checkpoint
 
-        base = from_dict(EnvConfig, read_checkpoint(args.source).config["env"])
+        base = from_dict(EnvConfig, _checkpoint_env(read_checkpoint(args.source)))
         env_cfg = apply_overrides(base, groups["env"], prefix="env.")
     cfg = FinetuneConfig(source=args.source, out=args.out, algo=args.algo, env=env_cfg, seed=args.seed)
     cfg.rl.iterations = args.iterations
@@ -249,13 +249,22 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
     _check_finetune_out(Path(args.source), Path(args.out))
     from robotft.checkpoint import load_policy, prepare_run_dir
 
-    load_policy(args.source)  # a damaged source is refused before the run directory is made
+    _, source = load_policy(args.source)  # a damaged source is refused before the run directory is made
+    if env_cfg is None:
+        _checkpoint_env(source)
 
     prepare_run_dir(args.out, "finetune", resume=args.resume, overwrite=args.overwrite)
     out = run_finetune(cfg, policy_overrides=groups["policy"], resume=args.resume)
     print(f"checkpoint: {out / 'checkpoint'}\nlearning curve: {out / 'learning_curve.png'}\n"
           f"logs: tensorboard --logdir {out / 'tb'}", file=sys.stderr)
     return 0
+
+
+def _checkpoint_env(ckpt) -> dict:
+    """The env config a checkpoint was trained with; one trained without a simulator needs `--env`."""
+    if not ckpt.config.get("env"):
+        raise ConfigError(f"{ckpt.path}: was trained without a simulator (no env in config.json); pass --env PRESET")
+    return ckpt.config["env"]
 
 
 def _check_finetune_out(source: Path, out: Path) -> None:
@@ -286,7 +295,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         if not sep:
             raise ConfigError(f"--env-override expects KEY=VALUE, got {item!r}")
         env_overrides[key] = value
-    env_cfg = load_env_config(args.env) if args.env else from_dict(EnvConfig, ckpt.config["env"])
+    env_cfg = load_env_config(args.env) if args.env else from_dict(EnvConfig, _checkpoint_env(ckpt))
     env_cfg = dataclasses.replace(env_cfg, num_envs=args.num_envs)
     env_cfg = apply_overrides(env_cfg, env_overrides, prefix="env.") if env_overrides else env_cfg
     env = make_env(env_cfg, device=device)
