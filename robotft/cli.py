@@ -52,9 +52,8 @@ _BOUNDS: dict[str, str] = {
     **dict.fromkeys(("eval_every", "eval_episodes", "eval_num_envs", "warmup_steps", "weight_decay", "grad_clip",
                      "critic_warmup_iters", "clip_value", "dual_clip", "max_restarts", "vf_coef", "target_kl",
                      "max_grad_norm", "bc_coef", "episode_time", "min_sampling_std", "min_logprob_std",
-                     "ft_denoising_steps"), ">=0"),
-    **dict.fromkeys(("lr", "actor_lr", "critic_lr", "clip_eps", "clip_eps_base", "control_hz", "fps",
-                     "cpus_per_worker"), ">0"),
+                     "ft_denoising_steps", "lr", "actor_lr", "critic_lr"), ">=0"),  # lr 0: frozen, on purpose
+    **dict.fromkeys(("clip_eps", "clip_eps_base", "control_hz", "fps", "cpus_per_worker"), ">0"),
     **dict.fromkeys(("gamma", "gae_lambda", "gamma_denoising"), "(0,1]"),
     **dict.fromkeys(("ema_decay",), "[0,1)"),
 }

@@ -251,7 +251,7 @@ BAD_NUMBERS = [
     (["pretrain", "--train.save_every", "0"], "--train.save_every is 0"),
     (["pretrain", "--train.batch_size", "0"], "--train.batch_size is 0"),
     (["pretrain", "--train.lr", "nan"], "--train.lr is nan, expected a finite number"),
-    (["pretrain", "--train.lr", "-1e-3"], "--train.lr is -0.001, expected >0"),
+    (["pretrain", "--train.lr", "-1e-3"], "--train.lr is -0.001, expected >=0"),
     (["pretrain", "--train.eval_every", "-1"], "--train.eval_every is -1"),
     (["pretrain", "--policy.horizon_steps", "0"], "horizon_steps=0"),
     (["pretrain", "--env.num_envs", "0"], "num_envs must be >= 1, got 0"),
