@@ -27,6 +27,13 @@ def digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def one_error_line(err: str) -> str:
+    """The `robotft: error:` line of stderr, asserting there is exactly one (progress lines may precede it)."""
+    lines = [line for line in err.splitlines() if line.startswith("robotft: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
 def run_cli(capsys, *argv) -> tuple[int, str]:
     capsys.readouterr()
     rc = main([str(a) for a in argv])
@@ -96,7 +103,7 @@ def test_damaged_store_is_reported_and_refused_without_a_write(toy, tmp_path, ca
     rc, err = run_cli(capsys, "pretrain", *TOY_BC, "--data", store, "--steps", "5", "--out", tmp_path / "bc")
     if damage != "NaN in a chunk":  # NaN is found by validate's value scan, and by the normalizer at load
         assert rc == 1, err
-        assert str(store) in err and len(err.strip().splitlines()) == 1, err
+        assert str(store) in one_error_line(err), err
     else:
         assert rc == 1 and "NaN" in err, err
     assert not (tmp_path / "bc").exists()
@@ -159,7 +166,7 @@ def test_damaged_checkpoint_is_refused_naming_the_file(toy, tmp_path, capsys, da
     hurt(ckpt)
     before = digest(run)
     rc, err = run_cli(capsys, "eval", run, "--episodes", "1")
-    assert rc == 1 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert rc == 1 and expected in one_error_line(err), err
     rc, err = run_cli(capsys, "finetune", "--from", run, "--out", tmp_path / "ft", "--iterations", "1")
     assert rc == 1 and expected in err, err
     assert not (tmp_path / "ft").exists()
@@ -257,7 +264,7 @@ BAD_NUMBERS = [
     (["pretrain", "--env.num_envs", "0"], "num_envs must be >= 1, got 0"),
     (["finetune", "--iterations", "0"], "--rl.iterations is 0"),
     (["finetune", "--rl.clip_eps", "nan"], "--rl.clip_eps is nan"),
-    (["finetune", "--rl.gamma", "1.5"], "rl.gamma must be in (0, 1]"),
+    (["finetune", "--rl.gamma", "1.5"], "rl.gamma"),
     (["finetune", "--save_every", "0"], "--save_every is 0"),
     (["finetune", "--eval_every", "0"], "--eval_every is 0, expected >=1"),
     (["finetune", "--rl.steps_per_iter", "0"], "rl.steps_per_iter must be >= 1, got 0"),
@@ -321,3 +328,39 @@ def test_trained_policy_keeps_a_constant_gripper_within_the_action_spec(tmp_path
     chunk = policy.predict_chunk({"state": torch.randn(64, policy.config.obs_steps, 3) * 3}, deterministic=False)
     assert torch.all(chunk[..., 2] == -1.0), chunk[..., 2].unique()
     assert torch.all(chunk >= -1.0) and torch.all(chunk <= 1.0)
+
+
+# -- pretrain: the last checkpoint before the closing evaluation; the env's keys checked up front ------------
+
+
+def test_an_evaluation_error_does_not_lose_the_training(toy, tmp_path, capsys, monkeypatch):
+    import robotft.pretrain as pretrain
+
+    def broken_eval(*args, **kwargs):
+        raise KeyError("observation key 'env_state' missing")
+
+    monkeypatch.setattr(pretrain, "evaluate_in_env", broken_eval)
+    rc, err = run_cli(capsys, "pretrain", *TOY_BC[:-6], "--train.batch_size", "16", "--policy.hidden_dims", "32,32",
+                      "--train.eval_episodes", "2", "--data", toy / "demos.zarr", "--steps", "7", "--out", tmp_path / "bc")
+    assert rc == 1 and "env_state" in err, err
+    assert ck.read_checkpoint(tmp_path / "bc").meta["step"] == 7
+
+
+def test_env_without_a_policy_key_is_refused_before_training(tmp_path, capsys):
+    from robotft.specs import FeatureSpec
+
+    rng = np.random.default_rng(0)
+    features = {"state": FeatureSpec("state", (4,), "float32"), "env_state": FeatureSpec("env_state", (2,), "float32"),
+                "action": FeatureSpec("action", (2,), "float32")}
+    with DatasetWriter(tmp_path / "d.zarr", features, fps=10.0) as w:
+        for _ in range(2):
+            w.add_episode({"state": rng.normal(size=(20, 4)), "env_state": rng.normal(size=(20, 2)),
+                           "action": rng.uniform(-1, 1, (20, 2))})
+    argv = ["pretrain", "--env", "toy/nav2d", "--policy", "gaussian_mlp", "--policy.obs_keys", "state,env_state",
+            "--policy.hidden_dims", "16", "--train.batch_size", "8", "--data", tmp_path / "d.zarr", "--steps", "3",
+            "--out", tmp_path / "bc"]
+    rc, err = run_cli(capsys, *argv, "--train.eval_episodes", "2")
+    assert rc == 1 and "provides no observation ['env_state']" in err, err
+    assert not (tmp_path / "bc").exists()
+    rc, err = run_cli(capsys, *argv, "--train.eval_episodes", "0")  # no evaluation: nothing to feed
+    assert rc == 0, err
