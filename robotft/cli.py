@@ -238,7 +238,9 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.finetune import FinetuneConfig, run_finetune
 
-    groups = _split_overrides(parse_override_args(extra), ("env", "policy", "rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout", ""))
+    groups = _split_overrides(parse_override_args(extra), ("env", "policy", "rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout",
+                                                             "offpolicy", "dsrl", "pa_rl", "residual_sac", "filtered_bc",
+                                                             "kl_to_base", ""))
     env_cfg = None
     if args.env:
         env_cfg = load_env_config(args.env, groups["env"])
@@ -250,7 +252,9 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
     # The algorithm's own defaults for the PPO core (rl_defaults), under the user's flags.
     cfg = FinetuneConfig.for_algorithm(args.algo, source=args.source, out=args.out, env=env_cfg, seed=args.seed)
     cfg.rl.iterations = args.iterations
-    section_overrides = {f"{s}.{k}": v for s in ("rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout") for k, v in groups[s].items()}
+    section_overrides = {f"{s}.{k}": v for s in ("rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout",
+                                                       "offpolicy", "dsrl", "pa_rl", "residual_sac", "filtered_bc",
+                                                       "kl_to_base") for k, v in groups[s].items()}
     section_overrides.update(groups[""])
     cfg = apply_overrides(cfg, section_overrides) if section_overrides else cfg
     check_bounds(cfg)
