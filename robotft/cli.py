@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from robotft.config import (
     PRESET_FOLDERS,
     ConfigError,
     EnvConfig,
+    TaskRecipe,
     apply_overrides,
     describe_fields,
     first_sentence,
@@ -34,7 +37,6 @@ from robotft.config import (
     render_presets,
     to_dict,
 )
-from robotft.optional import MissingDependency
 
 
 def _split_overrides(overrides: dict[str, str], sections: tuple[str, ...]) -> dict[str, dict[str, str]]:
@@ -51,12 +53,63 @@ def _split_overrides(overrides: dict[str, str], sections: tuple[str, ...]) -> di
     return groups
 
 
+# -- bounds of counts and rates ----------------------------------------------------------------------
+
+_BOUNDS: dict[str, str] = {
+    **dict.fromkeys(("steps", "iterations", "episodes", "num_envs", "batch_size", "log_every", "save_every",
+                     "max_episode_steps", "steps_per_iter", "update_epochs", "minibatch_size", "num_workers",
+                     "envs_per_worker", "obs_steps", "horizon_steps", "act_steps", "num_train_timesteps",
+                     "ddim_steps", "num_steps"), ">=1"),
+    **dict.fromkeys(("eval_every", "eval_episodes", "eval_num_envs", "warmup_steps", "weight_decay", "grad_clip",
+                     "critic_warmup_iters", "clip_value", "dual_clip", "max_restarts", "vf_coef", "target_kl",
+                     "max_grad_norm", "bc_coef", "episode_time", "min_sampling_std", "min_logprob_std",
+                     "ft_denoising_steps", "lr", "actor_lr", "critic_lr"), ">=0"),  # lr 0: frozen, on purpose
+    **dict.fromkeys(("clip_eps", "clip_eps_base", "control_hz", "fps", "cpus_per_worker"), ">0"),
+    **dict.fromkeys(("gamma", "gae_lambda", "gamma_denoising"), "(0,1]"),
+    **dict.fromkeys(("ema_decay",), "[0,1)"),
+}
+"""Allowed range of every count and rate, by config field (or CLI option) name; every float must be finite."""
+_STAGE_BOUNDS: dict[tuple[str, str], str] = {("FinetuneConfig", "eval_every"): ">=1"}
+"""Where one config's field of a shared name has a narrower range (fine-tuning evaluates every N iterations)."""
+_TESTS = {
+    ">=1": lambda v: v >= 1, ">=0": lambda v: v >= 0, ">0": lambda v: v > 0,
+    "(0,1]": lambda v: 0 < v <= 1, "[0,1)": lambda v: 0 <= v < 1,
+}
+
+
+def check_bound(name: str, value: object, rule: str | None = None, where: str = "") -> None:
+    """Raise ConfigError when a number is NaN/inf or outside the range of `rule` (default: `_BOUNDS[name]`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    flag = f"--{where}{name}"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{flag} is {value}, expected a finite number")
+    rule = rule or _BOUNDS.get(name)
+    if rule is not None and not _TESTS[rule](value):
+        raise ConfigError(f"{flag} is {value}, expected {rule.replace('(', 'in (').replace('[', 'in [')}")
+
+
+def check_bounds(cfg: object, where: str = "") -> None:
+    """`check_bound` every numeric field of a (nested) dataclass config, before any work starts."""
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if dataclasses.is_dataclass(value):
+            check_bounds(value, f"{where}{field.name}.")
+        elif isinstance(value, (list, tuple)):
+            for v in value:  # e.g. hidden sizes: finite (a name outside _BOUNDS checks nothing else)
+                check_bound(f"{field.name}[]", v, None, where)
+        else:
+            check_bound(field.name, value, _STAGE_BOUNDS.get((type(cfg).__name__, field.name)), where)
+
+
 # -- data -------------------------------------------------------------------------------------------
 
 
 def cmd_data_generate(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.datasets.recipe import DatasetRecipe, build_dataset, load_recipe, source_for_backend
 
+    if args.episodes is not None:
+        check_bound("episodes", args.episodes)
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
     overrides = parse_override_args(extra)
     if bool(args.recipe) == bool(args.env):
@@ -162,16 +215,19 @@ def resolve_pretrain(args: argparse.Namespace, extra: list[str]) -> tuple[Any, A
     run = dict(saved["run"])
     if args.env:
         run["env"] = to_dict(load_env_config(args.env))
-    elif "env" not in run:
-        raise ConfigError("pretrain: --env is required (or --config with a saved run)")
+    elif "env" not in run:  # no simulator: specs from the dataset, no evaluation (e.g. real-robot demos)
+        run["env"] = None
     env_overrides = {k[len("env."):]: v for k, v in run_overrides.items() if k.startswith("env.")}
-    recipe = apply_overrides(from_dict(EnvConfig, run["env"]), env_overrides, prefix="env.").recipe
+    if env_overrides and run["env"] is None:
+        raise ConfigError(f"--env.* overrides {sorted(env_overrides)} need --env")
+    recipe = (apply_overrides(from_dict(EnvConfig, run["env"]), env_overrides, prefix="env.").recipe
+              if run["env"] is not None else TaskRecipe())
     if "train" not in run:  # a fresh run: the task's recipe over the training defaults (a saved run has both)
         run["train"] = to_dict(apply_overrides(TrainConfig(), recipe.train, prefix="env.recipe.train.")
                                if recipe.train else TrainConfig())
     run["train"] = merge(run["train"], {k: v for k, v in (("steps", args.steps), ("seed", args.seed))
                                         if v is not None})
-    run.update({k: v for k, v in (("out", args.out),) if v is not None})
+    run.update({k: v for k, v in (("out", args.out), ("rig", args.rig)) if v is not None})
     if args.wandb:
         run["wandb"] = merge(run.get("wandb", {}), {"enabled": True})
     if args.data is not None:
@@ -207,7 +263,9 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.pretrain import run_pretrain
 
     cfg, policy_cfg = resolve_pretrain(args, extra)
-    out = run_pretrain(cfg, policy_cfg, resume=args.resume)
+    check_bounds(cfg)
+    check_bounds(policy_cfg, "policy.")
+    out = run_pretrain(cfg, policy_cfg, resume=args.resume, overwrite=args.overwrite)
     print(f"checkpoint: {out / 'checkpoint'}\nlogs: tensorboard --logdir {out / 'tb'}", file=sys.stderr)
     return 0
 
@@ -237,7 +295,7 @@ def resolve_finetune(args: argparse.Namespace, extra: list[str]) -> tuple[Any, d
     elif run.get("env") is None and any(k.startswith("env.") for k in run_overrides):
         from robotft.checkpoint import read_checkpoint
 
-        run["env"] = read_checkpoint(run.get("source", "")).config["env"]
+        run["env"] = _checkpoint_env(read_checkpoint(run.get("source", "")))
     if not run.get("source"):
         raise ConfigError("finetune: --from is required (or --config with a saved run)")
     cfg = from_dict(FinetuneConfig, run, where=str(args.config or "finetune"))
@@ -249,10 +307,36 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.finetune import run_finetune
 
     cfg, policy_overrides = resolve_finetune(args, extra)
+    check_bounds(cfg)
+    _check_finetune_out(Path(cfg.source), Path(cfg.out))
+    from robotft.checkpoint import load_policy, prepare_run_dir
+
+    _, source = load_policy(cfg.source)  # a damaged source is refused before the run directory is made
+    if cfg.env is None:
+        _checkpoint_env(source)
+    prepare_run_dir(cfg.out, "finetune", resume=args.resume, overwrite=args.overwrite)
     out = run_finetune(cfg, policy_overrides=policy_overrides, resume=args.resume)
     print(f"checkpoint: {out / 'checkpoint'}\nlearning curve: {out / 'learning_curve.png'}\n"
           f"logs: tensorboard --logdir {out / 'tb'}", file=sys.stderr)
     return 0
+
+
+def _checkpoint_env(ckpt) -> dict:
+    """The env config a checkpoint was trained with; one trained without a simulator needs `--env`."""
+    if not ckpt.config.get("env"):
+        raise ConfigError(f"{ckpt.path}: was trained without a simulator (no env in config.json); pass --env PRESET")
+    return ckpt.config["env"]
+
+
+def _check_finetune_out(source: Path, out: Path) -> None:
+    """The fine-tuned run must not be written where the checkpoint it starts from lives."""
+    from robotft.checkpoint import resolve_checkpoint
+
+    src = resolve_checkpoint(source).resolve()
+    dst = out.resolve()
+    if dst == src or dst in src.parents:
+        raise ConfigError(f"--out {out} holds the checkpoint --from {source} starts from ({src}); "
+                          "write the fine-tuned run to another directory")
 
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
@@ -264,6 +348,8 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.runlog import capped_update, progress_bar
     from robotft.specs import check_policy_fits_env
 
+    check_bound("episodes", args.episodes)
+    check_bound("num_envs", args.num_envs, where="")
     device = resolve_device(args.device)
     choice = describe_choice(args.checkpoint)
     if choice:
@@ -275,7 +361,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         if not sep:
             raise ConfigError(f"--env-override expects KEY=VALUE, got {item!r}")
         env_overrides[key] = value
-    env_cfg = load_env_config(args.env) if args.env else from_dict(EnvConfig, ckpt.config["env"])
+    env_cfg = load_env_config(args.env) if args.env else from_dict(EnvConfig, _checkpoint_env(ckpt))
     env_cfg = dataclasses.replace(env_cfg, num_envs=args.num_envs)
     env_cfg = apply_overrides(env_cfg, env_overrides, prefix="env.") if env_overrides else env_cfg
     env = make_env(env_cfg, device=device)
@@ -301,6 +387,8 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_deploy(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.real_robot.deploy import DeployOptions, deploy
 
+    check_bound("episodes", args.episodes)
+    check_bound("episode_time", args.episode_time)
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
     options = DeployOptions(
         checkpoint=args.checkpoint, rig=args.rig, episodes=args.episodes, record=args.record, record_mode=mode,
@@ -438,6 +526,7 @@ def _add_parser(sub: Any, name: str, manual: Callable[[argparse.Namespace], str]
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="robotft", description=__doc__.split("\n")[0])
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error (or set ROBOTFT_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
 
     data = _add_parser(sub, "data", manual_data, help="create, import, inspect and validate datasets")
@@ -495,13 +584,17 @@ def build_parser() -> argparse.ArgumentParser:
     pre = _add_parser(sub, "pretrain", manual_pretrain, help="BC pretraining on a dataset")
     pre.add_argument("--config", default=None, metavar="PATH",
                      help="rerun a saved run: its config.json (or a YAML file); the flags below go on top")
-    pre.add_argument("--env", default=None, help="env preset, e.g. maniskill/push_cube")
+    pre.add_argument("--env", default=None,
+                     help="env preset to evaluate in (its spec must match the data); without it the specs come "
+                          "from the dataset and there is no evaluation (e.g. real-robot demonstrations)")
+    pre.add_argument("--rig", default=None, help="rig preset to check the policy can be deployed on (= --rig)")
     pre.add_argument("--policy", default=None, help="policy preset, e.g. diffusion_mlp")
     pre.add_argument("--data", default=None, help="dataset store, or a recipe in datasets/ (built when missing)")
-    pre.add_argument("--steps", type=int, default=None, help="gradient steps (= --train.steps; default: the task recipe's, else train.steps' default)")
+    pre.add_argument("--steps", type=int, default=None,
+                     help="gradient steps (= --train.steps; default: the task recipe's, else train.steps' default)")
     pre.add_argument("--out", default=None, help="run directory")
     pre.add_argument("--seed", type=int, default=None, help="= --train.seed")
-    pre.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    _add_run_mode(pre)
     pre.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (= --wandb.enabled true)")
     pre.set_defaults(func=cmd_pretrain)
 
@@ -514,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--out", default=None, help="run directory")
     ft.add_argument("--env", default=None, help="env preset (default: the checkpoint's env)")
     ft.add_argument("--seed", type=int, default=None)
-    ft.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    _add_run_mode(ft)
     ft.add_argument("--wandb", action="store_true", help="also log to Weights & Biases (= --wandb.enabled true)")
     ft.set_defaults(func=cmd_finetune)
 
@@ -567,6 +660,12 @@ def _add_key_map_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--map-file", default=None, help="YAML file of LeRobot feature: robotft key entries")
 
 
+def _add_run_mode(p: argparse.ArgumentParser) -> None:
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    m.add_argument("--overwrite", action="store_true", help="replace the run of the same stage at --out")
+
+
 def _add_write_mode(p: argparse.ArgumentParser) -> None:
     m = p.add_mutually_exclusive_group()
     m.add_argument("--append", action="store_true", help="add episodes to an existing store")
@@ -587,13 +686,23 @@ def main(argv: list[str] | None = None) -> int:
     set_cpu_threads()
     try:
         return args.func(args, extra)
-    except (ValueError, KeyError, FileNotFoundError, MissingDependency) as e:
-        # Config, dataset and checkpoint errors are ValueErrors whose message names the file, key or value.
-        # ROBOTFT_DEBUG=1 shows the traceback instead.
-        if os.environ.get("ROBOTFT_DEBUG"):
-            raise
-        print(f"robotft: error: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:
+        # Config, dataset and checkpoint errors name the file, key or value; anything else still gets one
+        # line. --debug (or ROBOTFT_DEBUG=1) shows the traceback too.
+        if args.debug or os.environ.get("ROBOTFT_DEBUG"):
+            traceback.print_exc()
+        print(f"robotft: error: {error_line(e)}", file=sys.stderr)
+        return 1
+
+
+def error_line(e: BaseException) -> str:
+    """One line for an error: its message (a KeyError's without the quotes), the type where the message
+    alone would not say what went wrong, multi-line listings joined with `; `."""
+    msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    if not isinstance(e, (ValueError, KeyError, OSError)) or not msg:
+        msg = f"{type(e).__name__}: {msg}"
+    parts = (line.strip().removeprefix("- ") for line in msg.splitlines())
+    return "; ".join(part for part in parts if part)
 
 
 if __name__ == "__main__":

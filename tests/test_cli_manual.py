@@ -108,7 +108,7 @@ def test_recipe_builds_a_valid_store(tmp_path, monkeypatch, capsys):
     # The same recipe by path, into an explicit store; an existing store is refused, not touched.
     assert main(["data", "generate", str(tmp_path / "datasets" / "mine" / "tiny.yaml"), "--out", "b.zarr"]) == 0
     validate_store(tmp_path / "b.zarr")
-    assert main(["data", "generate", "mine/tiny", "--episodes", "5"]) == 2
+    assert main(["data", "generate", "mine/tiny", "--episodes", "5"]) == 1
 
 
 def _run_args(argv: list[str]):
@@ -145,7 +145,7 @@ def test_pretrain_builds_missing_recipe_and_config_reruns(tmp_path, monkeypatch)
     ft_cfg, _ = resolve_finetune(*_run_args(["finetune", "--config", "ft/config.json"]))
     assert {"stage": "finetune", **to_dict(ft_cfg)} == ft_saved["run"]
     # A pretrain config is not a finetune one.
-    assert main(["finetune", "--config", "bc/config.json"]) == 2
+    assert main(["finetune", "--config", "bc/config.json"]) == 1
 
 
 def test_progress_bar_writes_sparse_lines_off_a_terminal(monkeypatch):
