@@ -469,6 +469,7 @@ def manual_pretrain(ns: argparse.Namespace) -> str:
     return "\n".join([
         _presets_section("envs", "--env"), _presets_section("policies", "--policy"),
         _presets_section("datasets", "--data (a store path, or a recipe: built when missing)"),
+        _presets_section("real_robot", "--rig"),
         _fields_section("Config fields (--FIELD VALUE after the options above):", PretrainConfig),
         _fields_section(f"Policy fields ({which}):", policy_cls, "policy."),
     ])
