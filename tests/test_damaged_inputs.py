@@ -262,7 +262,7 @@ BAD_NUMBERS = [
     (["pretrain", "--train.eval_every", "-1"], "--train.eval_every is -1"),
     (["pretrain", "--policy.horizon_steps", "0"], "horizon_steps=0"),
     (["pretrain", "--env.num_envs", "0"], "num_envs must be >= 1, got 0"),
-    (["finetune", "--iterations", "0"], "--rl.iterations is 0"),
+    (["finetune", "--iterations", "0"], "rl.iterations"),
     (["finetune", "--rl.clip_eps", "nan"], "rl.clip_eps"),
     (["finetune", "--rl.gamma", "1.5"], "rl.gamma"),
     (["finetune", "--save_every", "0"], "--save_every is 0"),
