@@ -29,6 +29,23 @@ ARM_PREFIX = "panda/"
 GRIPPER_PREFIX = "panda/gripper/"
 """Name prefix of the Franka Hand's bodies, joints and actuators."""
 SCENE_GROUP = 2
+
+FRANKA_INERTIALS: dict[str, tuple[float, tuple[float, float, float], tuple[float, ...]]] = {
+    "link1": (4.970684, (0.003875, 0.002081, -0.04762), (0.70337, 0.70661, 0.009117, -0.000139, 0.006772, 0.019169)),
+    "link2": (0.646926, (-0.003141, -0.02872, 0.003495), (0.007962, 0.02811, 0.025995, -0.003925, 0.010254, 0.000704)),
+    "link3": (3.228604, (0.027518, 0.039252, -0.066502), (0.037242, 0.036155, 0.01083, -0.004761, -0.011396, -0.012805)),
+    "link4": (3.587895, (-0.05317, 0.104419, 0.027454), (0.025853, 0.019552, 0.028323, 0.007796, -0.001332, 0.008641)),
+    "link5": (1.225946, (-0.011953, 0.041065, -0.038437), (0.035549, 0.029474, 0.008627, -0.002117, -0.004037, 0.000229)),
+    "link6": (1.666555, (0.060149, -0.014117, -0.010517), (0.001964, 0.004354, 0.005433, 0.000109, -0.001158, 0.000341)),
+    "link7": (0.735522, (0.010517, -0.004252, 0.061597), (0.012516, 0.010027, 0.004815, -0.000428, -0.001196, -0.000741)),
+    "right_hand": (0.73, (-0.01, 0.0, 0.03), (0.001, 0.0025, 0.0017, 0.0, 0.0, 0.0)),
+}
+"""Identified link inertials of the Franka Panda (Gaz et al. 2019, "Dynamic identification of the Franka
+Emika Panda robot with retrieval of feasible parameters using penalty-based optimization"), as in
+franka_description and ManiSkill's `panda_v2.urdf`: body -> (mass kg, centre of mass m, full inertia
+`[ixx, iyy, izz, ixy, ixz, iyz]` kg m^2) in robosuite's link frames, which are the URDF's. robosuite's
+own Panda uses rough placeholders (e.g. 0.3 kg m^2 on every axis of link 1), which make the arm respond
+to the same PD gains several times slower than the real arm and ManiSkill's."""
 """Geom group of the table, objects and markers (robosuite uses 0 for collision, 1 for visual meshes)."""
 
 
@@ -160,6 +177,16 @@ def build_model(scene: SimSceneConfig, physics_hz: float, flange_to_tcp_m: float
     assets = robosuite_assets()
     arm = mujoco.MjSpec.from_file(str(assets / "robots" / "panda" / "robot.xml"))
     hand = mujoco.MjSpec.from_file(str(assets / "grippers" / "panda_gripper.xml"))
+    for name, (mass, com, inertia) in FRANKA_INERTIALS.items():
+        body = arm.body(name)
+        body.mass, body.ipos, body.explicitinertial = mass, list(com), True
+        body.inertia, body.iquat = _principal_inertia(mujoco, inertia)
+    # The Hand's mass is in `right_hand` above; its fingers weigh 15 g each, as in ManiSkill's model
+    # (robosuite gives each finger and fingertip 0.01 kg m^2, as much as the whole forearm).
+    for name, mass in (("right_gripper", 1e-3), ("leftfinger", 0.015), ("rightfinger", 0.015),
+                       ("finger_joint1_tip", 1e-3), ("finger_joint2_tip", 1e-3)):
+        body = hand.body(name)
+        body.mass, body.inertia, body.explicitinertial = mass, [2.4e-6, 2.4e-6, 7.5e-7], True
     flange = arm.body("right_hand")  # robosuite's flange frame, already turned -45 deg like the Hand
     flange.add_site(name="tcp", pos=[0.0, 0.0, flange_to_tcp_m], size=[0.005, 0.005, 0.005], group=3)
     flange.add_frame().attach_body(hand.body("right_gripper"), "gripper/", "")
@@ -228,6 +255,18 @@ def check_size(name: str, value: tuple[float, ...], size: int, allow_zero: bool 
         raise ValueError(f"{name} must be {size} {what}, got {value}")
 
 
+
+
+def _principal_inertia(mujoco: Any, full: tuple[float, ...]) -> tuple[list[float], list[float]]:
+    """Principal moments `[3]` and the quaternion `[4]` (wxyz) of their axes, from a full inertia tensor
+    `[ixx, iyy, izz, ixy, ixz, iyz]` (MuJoCo's compiled form of `fullinertia`)."""
+    ixx, iyy, izz, ixy, ixz, iyz = full
+    moments, axes = np.linalg.eigh(np.array([[ixx, ixy, ixz], [ixy, iyy, iyz], [ixz, iyz, izz]]))
+    if np.linalg.det(axes) < 0:
+        axes[:, 2] = -axes[:, 2]
+    quat = np.zeros(4)
+    mujoco.mju_mat2Quat(quat, axes.flatten())
+    return moments.tolist(), quat.tolist()
 
 
 # ---- episode poses -------------------------------------------------------------------------------------
