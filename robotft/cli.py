@@ -233,6 +233,16 @@ def cmd_deploy(args: argparse.Namespace, extra: list[str]) -> int:
 
     if extra:
         raise ConfigError(f"deploy: unexpected arguments {extra}")
+    if args.check:
+        from robotft.real_robot.deploy import check_deployment
+
+        lines, problems = check_deployment(args.checkpoint, args.rig)
+        print("\n".join(lines))
+        if problems:
+            print("cannot deploy:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
+            return 2
+        print("ok: the rig provides every observation and executes the action")
+        return 0
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
     summary = deploy(DeployOptions(
         checkpoint=args.checkpoint, rig=args.rig, episodes=args.episodes, record=args.record, record_mode=mode,
@@ -345,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--episode-time", type=float, default=0.0, help="episode time limit in seconds")
     dep.add_argument("--seed", type=int, default=0)
     dep.add_argument("--device", default="auto")
+    dep.add_argument("--check", action="store_true",
+                     help="print the observation and action mapping and exit (non-zero when the checkpoint "
+                          "cannot run on the rig), without connecting to any device")
     _add_write_mode(dep)
     dep.set_defaults(func=cmd_deploy)
     return p

@@ -70,6 +70,22 @@ def check_operator_mode(rig: RigConfig, no_operator: bool, where: str) -> None:
         raise ConfigError(f"--no-operator needs a success predicate in rig {where} (key 'success')")
 
 
+def check_deployment(checkpoint: str, rig_name: str) -> tuple[list[str], list[str]]:
+    """`robotft deploy --check`: the observation/action mapping of `checkpoint` on rig `rig_name` and what is
+    missing (empty when it can run), from the checkpoint's config alone: no policy is built, no device is
+    touched."""
+    from robotft.checkpoint import read_checkpoint
+    from robotft.real_robot.rig import check_rig, describe_mapping
+
+    rig = load_rig(rig_name)
+    ckpt = read_checkpoint(checkpoint)
+    obs_keys = list(ckpt.config.get("policy", {}).get("obs_keys", []))
+    if not obs_keys:
+        raise ConfigError(f"{ckpt.path}: config.json names no policy.obs_keys")
+    lines = [f"checkpoint {ckpt.path} on rig {rig.name or rig_name}:", *describe_mapping(rig, ckpt.spec, obs_keys)]
+    return lines, check_rig(rig, ckpt.spec, obs_keys)
+
+
 def make_devices(rig: RigConfig, safety: SafetyLayer) -> tuple[Robot, dict[str, Camera]]:
     """The rig's robot and cameras, not yet connected (robotft.real_robot.backends)."""
     from robotft.real_robot.backends import make_camera, make_robot

@@ -407,6 +407,51 @@ def _action_problems(rig: RigConfig, spec: EnvSpec) -> list[str]:
     return problems
 
 
+def describe_mapping(rig: RigConfig, spec: EnvSpec, obs_keys: Sequence[str]) -> list[str]:
+    """Human-readable lines: where each policy observation comes from on `rig` and how its actions run."""
+    lines = []
+    for key in obs_keys:
+        feature, obs = spec.observations.get(key), rig.observation(key)
+        shape = "?" if feature is None else "x".join(str(s) for s in feature.shape)
+        if obs is None:
+            lines.append(f"observation {key} [{shape}]: NO SOURCE on this rig")
+            continue
+        lines.append(f"observation {key} [{shape}]:")
+        parts: list[tuple[SourceConfig, str]] = []
+        if feature is not None and feature.names and not key.startswith(("rgb/", "depth/")):
+            matched, uncovered = _segments(feature.names, obs.sources)
+            parts = [(src, f"{sl.stop - sl.start} dims") for src, sl in matched]
+            lines += [f"  {g}: NO SOURCE" for g in _group(uncovered)]
+        else:
+            parts = [(src, "") for src in obs.sources]
+        for src, dims in parts:
+            what = {
+                "robot": lambda s: f"robot {'+'.join(s.fields)}",
+                "object": lambda s: f"object {s.object!r} {'+'.join(s.fields)}"
+                + ("" if s.object in rig.objects else " (NOT OBSERVABLE on this rig)"),
+                "constant": lambda s: f"constant {s.value}",
+                "camera": lambda s: f"camera {s.camera!r}",
+            }[src.source](src)
+            frame = f", {src.frame} frame" if src.source in ("robot", "object", "constant") else ""
+            sign = f", quat {src.quat_nonneg} >= 0" if src.quat_nonneg else ""
+            lines.append(f"  {src.segment or key} ({dims or 'all'}): {what}{frame}{sign}")
+    action = spec.action
+    mapping = None if action is None else rig.action_mapping(action.control_mode)
+    if action is None:
+        lines.append("action: NO ACTION SPEC in the checkpoint")
+    elif mapping is None:
+        lines.append(f"action {action.control_mode} [{action.dim}]: NOT EXECUTABLE on this rig")
+    else:
+        from robotft.real_robot.actions import MAPPINGS
+
+        mapper = MAPPINGS[mapping.control_mode]
+        lines.append(
+            f"action {action.control_mode} [{action.dim}] at {action.control_hz:g} Hz -> robot "
+            f"{mapper.robot_mode} targets at {rig.control_hz:g} Hz: {mapping}"
+        )
+    return lines
+
+
 def require_compatible(
     rig: RigConfig, spec: EnvSpec, obs_keys: Sequence[str], checkpoint: str | Path = ""
 ) -> None:
