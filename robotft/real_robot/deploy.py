@@ -55,6 +55,9 @@ class DeployOptions:
     """Seed of the simulated scene's randomization (episode i uses seed + i)."""
     device: str = "auto"
     """Policy device: `auto`, `cpu` or `cuda`."""
+    lockstep: bool = False
+    """Simulated rigs: step the physics one control period per action instead of in real time
+    (robotft.real_robot.lockstep): no timing effects, no cameras, no recording, no latency report."""
 
 
 def check_operator_mode(rig: RigConfig, no_operator: bool, where: str) -> None:
@@ -111,6 +114,8 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
     require_compatible(rig, spec, policy.config.obs_keys, ckpt.path)
     episode_time_s = opts.episode_time_s or rig.episode_time_s or _env_episode_time(ckpt.config, rig)
     out = Path(opts.out) if opts.out else (Path(opts.record).parent if opts.record else Path("runs/deploy"))
+    if opts.lockstep:
+        return _deploy_lockstep(opts, rig, policy, ckpt, episode_time_s, out, device)
 
     mapping = rig.action_mapping(spec.action.control_mode)
     writer = None
@@ -172,9 +177,40 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
         "checkpoint": str(ckpt.path),
         "rig": rig.name or opts.rig,
         "executor": opts.executor or rig.executor.type,
+        "mode": "realtime",
+        "safety_total": result.latency.safety_counters,
         "record": opts.record,
         "latency_json": str(json_path),
         "latency_png": str(png_path),
+    }
+    atomic_write(out / "deploy.json", json.dumps(summary, indent=2).encode())
+    return summary
+
+
+def _deploy_lockstep(
+    opts: DeployOptions, rig: RigConfig, policy: Any, ckpt: Any, episode_time_s: float, out: Path, device: str
+) -> dict[str, Any]:
+    """`deploy --lockstep`: the episodes in lock-step, `deploy.json` with each episode's safety counts."""
+    from robotft.real_robot.lockstep import make_lockstep_robot, run_lockstep
+    from robotft.real_robot.operator import Tally
+
+    if not opts.no_operator or opts.record:
+        raise ConfigError("--lockstep needs --no-operator (outcomes from the scene) and records nothing (no --record)")
+    robot = make_lockstep_robot(rig)
+    with robot:
+        episodes = run_lockstep(
+            policy, ckpt.spec, rig, robot, opts.episodes, round(episode_time_s * rig.control_hz), opts.seed, device
+        )
+    tally = Tally()
+    for e in episodes:
+        tally.add(e.outcome)
+    summary = {
+        **tally.to_dict(),
+        "episode_results": [vars(e) for e in episodes],
+        "safety_total": dict(robot.safety.counters),
+        "checkpoint": str(ckpt.path),
+        "rig": rig.name or opts.rig,
+        "mode": "lockstep",
     }
     atomic_write(out / "deploy.json", json.dumps(summary, indent=2).encode())
     return summary

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from robotft.real_robot.actions import make_mapper
+from robotft.real_robot.lockstep import make_lockstep_robot, samples
 from robotft.real_robot.rig import ObservationBuilder, RigConfig, SourceConfig, load_rig, require_compatible
-from robotft.real_robot.safety import SafetyLayer
 from robotft.real_robot.transforms import Transform
 from robotft.specs import EnvSpec
 
@@ -200,7 +200,7 @@ def run_parity(
         sim_success = rig_success = False
         judge = _success_judge(rig)
         for step in range(steps + 1):
-            rig_state = builder.build(_samples(robot, builder))["state"].astype(np.float64)
+            rig_state = builder.build(samples(robot, builder))["state"].astype(np.float64)
             sim_segs = segments(names, sim_state)
             history.append(segment_errors(sim_segs, segments(names, rig_state)))
             if step == steps:
@@ -225,27 +225,6 @@ def run_parity(
     finally:
         if own:
             robot.disconnect()
-
-
-def make_lockstep_robot(rig: RigConfig) -> Any:
-    """The rig's simulated robot in lock-step mode (`realtime=False`), its safety layer watching only the
-    policy (no camera runs in lock-step)."""
-    from robotft.real_robot.backends import make_robot, parse_robot_config
-
-    cfg = parse_robot_config(rig.robot.backend, rig.robot.config)
-    if not hasattr(cfg, "realtime"):
-        raise ValueError(f"rig {rig.name!r}: robot backend {rig.robot.backend!r} is not simulated")
-    safety = SafetyLayer(rig.safety, 1.0 / rig.control_hz, cameras=())
-    return make_robot(rig.robot.backend, replace(cfg, realtime=False), safety)
-
-
-def _samples(robot: Any, builder: ObservationBuilder) -> dict[str, Any]:
-    poses = robot.object_poses()
-    out: dict[str, Any] = {"robot": robot.get_observation()}
-    for name in builder.stream_names:
-        if name.startswith("object/"):
-            out[name] = poses[name.removeprefix("object/")]
-    return out
 
 
 def _success_judge(rig: RigConfig) -> Callable[[dict[str, Any]], str | None] | None:

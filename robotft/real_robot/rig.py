@@ -227,6 +227,8 @@ class RigConfig:
     """Robot state and object poses older than this (s) at a tick are stale (the tick holds the arm)."""
     episode_time_s: float = 0.0
     """Episode time limit (s); 0: the checkpoint env's `max_episode_steps / control_hz`."""
+    start_timeout_s: float = 10.0
+    """At each episode start, how long (s) to wait for every stream's first sample after the reset."""
     safety: SafetyLimits = field(default_factory=SafetyLimits)
     """Safety limits (always on)."""
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
@@ -239,7 +241,7 @@ class RigConfig:
     """Success predicate on the simulated scene; needed for `--no-operator`."""
 
     def __post_init__(self) -> None:
-        for name in ("control_hz", "state_hz", "max_state_age_s"):
+        for name in ("control_hz", "state_hz", "max_state_age_s", "start_timeout_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"rig {name} must be a finite number > 0, got {getattr(self, name)}")
         names = [c.name for c in self.cameras]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -131,6 +132,8 @@ class EpisodeResult:
     duration_s: float
     intervention_steps: int
     """Steps the operator drove during a take-over."""
+    safety: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Commands the safety layer clipped or refused during this episode, by reason."""
 
 
 @dataclass
@@ -361,7 +364,8 @@ class Runner:
         # Samples captured before the state read now show the previous episode (a simulated reset
         # teleports the scene): ticks hold the arm until every stream has a newer one.
         self._episode_start = self.robot.get_observation().timestamp_s
-        self.poller.poll_once()
+        self._wait_for_streams(index)
+        counters_before = dict(self.robot.safety.counters)
         self.executor.reset()
         self._last_sent = None
         history: collections.deque[dict[str, np.ndarray]] = collections.deque(maxlen=self.obs_steps)
@@ -404,7 +408,44 @@ class Runner:
         self.robot.stop()
         if self.recorder is not None:
             self.recorder.finish(outcome)
-        return EpisodeResult(index, outcome, steps, (time.monotonic() - (t0 or 0.0)), interventions)
+        safety = {
+            k: v - counters_before.get(k, 0)
+            for k, v in self.robot.safety.counters.items()
+            if v != counters_before.get(k, 0)
+        }
+        return EpisodeResult(index, outcome, steps, (time.monotonic() - (t0 or 0.0)), interventions, safety)
+
+    def _wait_for_streams(self, index: int) -> None:
+        """Before the episode's first tick, wait until every stream (robot, objects, cameras) has a sample
+        captured after the reset, saying once what it waits for; the arm holds still meanwhile (no command
+        is sent, so nothing counts as a safety refusal). Raises after `rig.start_timeout_s`."""
+        deadline = time.monotonic() + self.rig.start_timeout_s
+        said: set[str] = set()
+        while True:
+            self.poller.poll_once()
+            self.poller.check()
+            waiting = sorted(
+                name
+                for name, buf in self.poller.buffers.items()
+                if (newest := buf.at(math.inf)) is None or newest[0] < self._episode_start
+            )
+            if not waiting:
+                return
+            new = [w for w in waiting if w not in said]
+            if new:
+                log.warning(
+                    "episode %d: waiting for the first sample since the reset from %s (a camera's first frame "
+                    "after start-up can take seconds); the policy starts when it arrives",
+                    index,
+                    ", ".join(new),
+                )
+                said.update(new)
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"episode {index}: no sample from {waiting} within {self.rig.start_timeout_s:g} s of the "
+                    "reset; check that the camera streams (rig key `start_timeout_s` sets this limit)"
+                )
+            time.sleep(1.0 / self.rig.state_hz)
 
     def _heartbeat_cameras(self) -> None:
         for name, cam in self.cameras.items():
