@@ -212,6 +212,7 @@ def _deploy_lockstep(
         "rig": rig.name or opts.rig,
         "mode": "lockstep",
     }
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "deploy.json", json.dumps(summary, indent=2).encode())
     return summary
 

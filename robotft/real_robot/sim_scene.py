@@ -30,6 +30,14 @@ GRIPPER_PREFIX = "panda/gripper/"
 """Name prefix of the Franka Hand's bodies, joints and actuators."""
 SCENE_GROUP = 2
 
+STIFF_CONTACT_SOLREF = (0.002, 1.0)
+"""MuJoCo contact time constant (s) and damping ratio of the table and objects: two physics steps, the
+stiffest MuJoCo allows at 1 kHz. MuJoCo's default (0.02 s) lets a PD-driven hand that presses down sink
+about 7 mm into the table, where PhysX (ManiSkill) stops the fingertips on its surface."""
+STIFF_CONTACT_SOLIMP = (0.99, 0.999, 0.001, 0.5, 2.0)
+"""MuJoCo contact impedance of the table and objects: near-rigid from 1 mm of penetration."""
+# Their `solmix` weight makes these parameters win over the robosuite fingers' softer ones in a contact.
+
 FRANKA_INERTIALS: dict[str, tuple[float, tuple[float, float, float], tuple[float, ...]]] = {
     "link1": (4.970684, (0.003875, 0.002081, -0.04762), (0.70337, 0.70661, 0.009117, -0.000139, 0.006772, 0.019169)),
     "link2": (0.646926, (-0.003141, -0.02872, 0.003495), (0.007962, 0.02811, 0.025995, -0.003925, 0.010254, 0.000704)),
@@ -91,6 +99,9 @@ class SimObjectConfig:
     """Colour, red/green/blue/alpha in [0, 1]."""
     mass_kg: float = 0.064
     """Mass (kg); 0.064 is a 4 cm cube of density 1000 kg/m^3."""
+    friction: float = 0.3
+    """Sliding friction coefficient. MuJoCo uses the larger coefficient of two touching geoms (PhysX, in
+    ManiSkill, their mean); 0.3 is SAPIEN's default material, which ManiSkill's cubes and table have."""
     randomize_xy: tuple[float, float] = (0.0, 0.0)
     """At reset, uniform noise of +-these half-ranges (m) is added to the nominal x and y."""
     randomize_yaw_rad: float = 0.0
@@ -98,8 +109,10 @@ class SimObjectConfig:
 
     def __post_init__(self) -> None:
         check_size(f"object {self.name!r} half_size", self.half_size, 3)
-        if not self.mass_kg > 0:
-            raise ValueError(f"object {self.name!r} mass_kg must be > 0, got {self.mass_kg}")
+        if not (self.mass_kg > 0 and self.friction >= 0):
+            raise ValueError(
+                f"object {self.name!r} needs mass_kg > 0 and friction >= 0, got {self.mass_kg}, {self.friction}"
+            )
 
 
 @dataclass
@@ -149,6 +162,8 @@ class SimSceneConfig:
     """Centre of the table top (m)."""
     table_half_size: tuple[float, float] = (0.6, 0.7)
     """Half-extents of the table top in x and y (m)."""
+    table_friction: float = 0.3
+    """Sliding friction coefficient of the table top (SAPIEN's default material, as ManiSkill's table)."""
     objects: list[SimObjectConfig] = field(default_factory=list)
     """Free-body boxes."""
     markers: list[SimMarkerConfig] = field(default_factory=list)
@@ -205,6 +220,10 @@ def build_model(scene: SimSceneConfig, physics_hz: float, flange_to_tcp_m: float
         size=[*scene.table_half_size, table_h],
         pos=[*scene.table_center_xy, scene.table_top_z - table_h],
         rgba=[0.55, 0.45, 0.35, 1.0],
+        friction=[scene.table_friction, 0.005, 0.0001],
+        solref=list(STIFF_CONTACT_SOLREF),
+        solimp=list(STIFF_CONTACT_SOLIMP),
+        solmix=1e3,
         group=SCENE_GROUP,
     )
     spec.worldbody.add_geom(
@@ -225,7 +244,10 @@ def build_model(scene: SimSceneConfig, physics_hz: float, flange_to_tcp_m: float
             rgba=list(obj.rgba),
             mass=obj.mass_kg,
             condim=4,
-            friction=[1.0, 0.005, 0.0001],
+            friction=[obj.friction, 0.005, 0.0001],
+            solref=list(STIFF_CONTACT_SOLREF),
+            solimp=list(STIFF_CONTACT_SOLIMP),
+            solmix=1e3,
             group=SCENE_GROUP,
         )
     geom_types = {
