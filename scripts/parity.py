@@ -37,7 +37,7 @@ def main() -> None:
         print(result.table(args.every))
         report[seed] = {k: v.tolist() for k, v in result.errors.items()}
     if len(args.seeds) > 1:
-        print("max over seeds:", json.dumps({k: round(float(np.max([report[s][k] for s in report])), 4)
+        print("max over seeds:", json.dumps({k: round(max(float(np.max(report[s][k])) for s in report), 4)
                                             for k in next(iter(report.values()))}))
     if args.json:
         with open(args.json, "w") as f:

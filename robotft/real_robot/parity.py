@@ -45,7 +45,7 @@ class ParityResult:
 
     errors: dict[str, np.ndarray] = field(default_factory=dict)
     """Metric name (`agent/qpos`, `extra/tcp_pose/pos_m`, `extra/tcp_pose/rot_rad`, ...) -> error `[T + 1]`
-    at the reset and after each step."""
+    at the reset and after each step, up to the end of ManiSkill's episode (success or time limit)."""
     actions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     """The actions sent to both `[T, A]`."""
     safety_counters: dict[str, int] = field(default_factory=dict)
@@ -95,18 +95,19 @@ def segment_errors(sim: dict[str, np.ndarray], rig: dict[str, np.ndarray]) -> di
 
 
 def scripted_push(state: dict[str, np.ndarray], step: int, rng: np.random.Generator) -> np.ndarray:
-    """A PushCube expert on ManiSkill's state: gripper closed, go behind the cube, lower, push it to the
-    goal. Returns a `pd_ee_delta_pose` action `[7]` (rotation held); `pd_ee_delta_pos` uses its first
-    three and last entries."""
+    """A PushCube expert on ManiSkill's state (world frame): gripper closed, go above a point 5 cm behind
+    the cube, lower to 2 cm, push the cube 3 cm past the goal centre. Returns a `pd_ee_delta_pose` action
+    `[7]` (rotation held); `pd_ee_delta_pos` uses its first three and last entries."""
     tcp, cube, goal = state["extra/tcp_pose"][:3], state["extra/obj_pose"][:3], state["extra/goal_pos"]
-    behind = cube + np.array([-0.05, 0.0, 0.0])
-    if np.linalg.norm((tcp - behind)[:2]) > 0.01 and tcp[0] > cube[0] - 0.04:
-        target = behind + np.array([0.0, 0.0, 0.05])  # above the approach point first
-    elif np.linalg.norm((tcp - behind)[:2]) > 0.01:
-        target = np.array([behind[0], behind[1], max(tcp[2] - 0.03, 0.02)])
+    approach = np.array([cube[0] - 0.05, cube[1], 0.02])
+    aligned = abs(tcp[1] - cube[1]) < 0.01 and tcp[0] < cube[0] - 0.02
+    if aligned and tcp[2] < 0.03:
+        target = np.array([goal[0] + 0.03 - 0.045, cube[1], 0.02])  # the TCP stays a half cube behind
+    elif np.linalg.norm((tcp - approach)[:2]) < 0.01:
+        target = approach
     else:
-        target = np.array([goal[0], goal[1], 0.02]) + np.array([-0.02, 0.0, 0.0])
-    delta = np.clip((target - tcp) / 0.1, -0.6, 0.6)
+        target = approach + np.array([0.0, 0.0, 0.06])
+    delta = np.clip((target - tcp) / 0.1, -0.5, 0.5)
     return np.concatenate([delta, np.zeros(3), [-1.0]])
 
 
@@ -197,13 +198,13 @@ def run_parity(
         before = dict(robot.safety.counters)
         history: list[dict[str, float]] = []
         sent = []
-        sim_success = rig_success = False
+        sim_success = rig_success = done = False
         judge = _success_judge(rig)
         for step in range(steps + 1):
             rig_state = builder.build(samples(robot, builder))["state"].astype(np.float64)
             sim_segs = segments(names, sim_state)
             history.append(segment_errors(sim_segs, segments(names, rig_state)))
-            if step == steps:
+            if step == steps or done:
                 break
             action = _to_arm_action(actions(sim_segs, step, rng), spec.action.dim)
             sent.append(action)
@@ -211,9 +212,11 @@ def run_parity(
             robot.safety.watchdog.heartbeat("policy", now)
             robot.send_action(mapper.to_command(action, robot.get_observation(), now + dt))
             robot.advance(dt)
-            obs, _, _, _, info = env.step(_tensor(action))
+            obs, _, terminated, truncated, info = env.step(_tensor(action))
             sim_state = obs["state"][0].cpu().numpy().astype(np.float64)
             sim_success |= bool(info["success"][0])
+            # ManiSkill's episode ends at success (or its time limit): compare up to there.
+            done = bool(terminated[0]) or bool(truncated[0])
             rig_success |= judge is not None and judge(robot.object_poses()) == "success"
         result.errors = {k: np.array([h[k] for h in history]) for k in history[0]}
         result.actions = np.array(sent)

@@ -31,12 +31,14 @@ GRIPPER_PREFIX = "panda/gripper/"
 SCENE_GROUP = 2
 
 STIFF_CONTACT_SOLREF = (0.002, 1.0)
-"""MuJoCo contact time constant (s) and damping ratio of the table and objects: two physics steps, the
-stiffest MuJoCo allows at 1 kHz. MuJoCo's default (0.02 s) lets a PD-driven hand that presses down sink
-about 7 mm into the table, where PhysX (ManiSkill) stops the fingertips on its surface."""
+"""MuJoCo contact time constant (s) and damping ratio of the table: two physics steps, the stiffest
+MuJoCo allows at 1 kHz. MuJoCo's default (0.02 s) lets a PD-driven hand that presses down sink about
+7 mm into the table, where PhysX (ManiSkill) stops the fingertips on its surface. Objects keep MuJoCo's
+default: as stiff, a fingertip hitting a cube at 0.4 m/s kicks it 3 cm ahead, where ManiSkill's cube
+stays at the fingers."""
 STIFF_CONTACT_SOLIMP = (0.99, 0.999, 0.001, 0.5, 2.0)
-"""MuJoCo contact impedance of the table and objects: near-rigid from 1 mm of penetration."""
-# Their `solmix` weight makes these parameters win over the robosuite fingers' softer ones in a contact.
+"""MuJoCo contact impedance of the table: near-rigid from 1 mm of penetration."""
+# The table's `solmix` weight makes these parameters win over the other geom's in each of its contacts.
 
 FRANKA_INERTIALS: dict[str, tuple[float, tuple[float, float, float], tuple[float, ...]]] = {
     "link1": (4.970684, (0.003875, 0.002081, -0.04762), (0.70337, 0.70661, 0.009117, -0.000139, 0.006772, 0.019169)),
@@ -245,9 +247,6 @@ def build_model(scene: SimSceneConfig, physics_hz: float, flange_to_tcp_m: float
             mass=obj.mass_kg,
             condim=4,
             friction=[obj.friction, 0.005, 0.0001],
-            solref=list(STIFF_CONTACT_SOLREF),
-            solimp=list(STIFF_CONTACT_SOLIMP),
-            solmix=1e3,
             group=SCENE_GROUP,
         )
     geom_types = {
