@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from robotft.real_robot.sim_fiducials import SimFiducialConfig, add_fiducials
+
 INSTALL_HINT = "pip install robotft[robosuite]"
 
 ARM_PREFIX = "panda/"
@@ -170,6 +172,8 @@ class SimSceneConfig:
     """Free-body boxes."""
     markers: list[SimMarkerConfig] = field(default_factory=list)
     """Fixed visual markers."""
+    fiducials: list[SimFiducialConfig] = field(default_factory=list)
+    """Printed ArUco markers on objects or robot links (robotft.real_robot.sim_fiducials)."""
 
     def __post_init__(self) -> None:
         names = [o.name for o in self.objects] + [m.name for m in self.markers]
@@ -266,6 +270,7 @@ def build_model(scene: SimSceneConfig, physics_hz: float, flange_to_tcp_m: float
             conaffinity=0,
             group=SCENE_GROUP,
         )
+    add_fiducials(spec, scene.fiducials)
     return spec.compile()
 
 
