@@ -112,11 +112,16 @@ def scripted_push(state: dict[str, np.ndarray], step: int, rng: np.random.Genera
 
 
 def random_actions(state: dict[str, np.ndarray], step: int, rng: np.random.Generator) -> np.ndarray:
-    """Smooth-ish random `pd_ee_delta_pose` motion near the table: a random direction per 5 steps."""
-    local = np.random.default_rng([int(rng.integers(1 << 30)) if step == 0 else 0, step // 5])
-    move = local.uniform(-0.5, 0.5, 3)
-    move[2] -= 0.5 * max(0.0, state["extra/tcp_pose"][2] - 0.1) / 0.1  # stay low
-    rot = local.uniform(-0.3, 0.3, 3)
+    """Random `pd_ee_delta_pose` motion in free space: a new random direction and rotation every 5 steps,
+    steered back into a box 8-25 cm above the table, 0.4-0.75 m in front of the base and 20 cm to either
+    side (a target in the table is clipped by the rig's safety layer and not by ManiSkill; near full reach
+    the two IK solvers part ways), the gripper toggling every 10."""
+    if step % 5 == 0:
+        random_actions.segment = (rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.3, 0.3, 3))  # type: ignore[attr-defined]
+    move, rot = (v.copy() for v in random_actions.segment)  # type: ignore[attr-defined]
+    tcp = state["extra/tcp_pose"][:3]
+    low, high = np.array([-0.215, -0.2, 0.08]), np.array([0.135, 0.2, 0.25])  # ManiSkill's world frame
+    move = np.where(tcp < low, 0.5, np.where(tcp > high, -0.5, move))
     grip = 1.0 if (step // 10) % 2 == 0 else -1.0
     return np.concatenate([move, rot, [grip]])
 

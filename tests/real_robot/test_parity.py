@@ -10,19 +10,23 @@ import pytest
 
 pytestmark = pytest.mark.maniskill
 
-STEPS = 30
+STEPS = 40
 
-TOLERANCES = {
+ARM_TOLERANCES = {
     "agent/qpos": 0.02,  # rad (fingers: m)
-    "agent/qvel": 0.5,  # rad/s: brief spikes at contacts
+    "agent/qvel": 0.5,  # rad/s: the fingers' velocities, which the rig does not measure, at a gripper toggle
     "extra/tcp_pose/pos_m": 0.01,
-    "extra/tcp_pose/rot_rad": 0.03,
+    "extra/tcp_pose/rot_rad": 0.02,
     "extra/goal_pos": 1e-6,
-    "extra/obj_pose/pos_m": 0.01,
-    "extra/obj_pose/rot_rad": 0.1,
+    "extra/obj_pose/pos_m": 1e-3,  # untouched
+    "extra/obj_pose/rot_rad": 1e-3,
 }
-"""Largest error per segment over 30 steps (1.5 s) of scripted pushing, from the same start; measured
-(seed 0): qpos 0.006 rad, TCP 4 mm / 0.007 rad, cube < 1 mm (docs/deployment.md)."""
+"""Largest error per segment over 40 steps (2 s) of random free-space motion from the same start.
+Measured over 60 steps and seeds 0-4 (docs/deployment.md): qpos 0.016 rad, TCP 1.0 cm / 0.018 rad."""
+
+PUSH_TOLERANCES = {**ARM_TOLERANCES, "extra/obj_pose/pos_m": 0.04, "extra/obj_pose/rot_rad": 2.0}
+"""A scripted push until ManiSkill reports success: the arm as above; the pushed cube drifts (MuJoCo and
+PhysX resolve the fingertip impact differently): measured up to 3.5 cm, and its yaw up to 1.7 rad."""
 
 
 @pytest.fixture(scope="module")
@@ -42,31 +46,50 @@ def robot(rig):
     robot.disconnect()
 
 
-@pytest.mark.parametrize("control_mode", ["pd_ee_delta_pose", "pd_ee_delta_pos"])
-def test_rig_tracks_maniskill_per_segment(rig, robot, control_mode):
-    from robotft.real_robot.parity import make_env, run_parity, scripted_push
+def _run(rig, robot, control_mode, actions, steps=STEPS):
+    from robotft.real_robot.parity import make_env, run_parity
 
     env = make_env("maniskill/push_cube", control_mode)
     try:
-        result = run_parity(env, rig, STEPS, seed=0, actions=scripted_push, robot=robot)
+        return run_parity(env, rig, steps, seed=0, actions=actions, robot=robot)
     finally:
         env.close()
+
+
+def _check(result, tolerances, what):
     errors = result.max()
-    assert set(errors) == set(TOLERANCES), errors
+    assert set(errors) == set(tolerances), errors
     # The start is copied exactly (up to robosuite's 0.5 mm TCP offset from ManiSkill's URDF).
     assert max(v[0] for v in result.errors.values()) < 1e-3
-    over = {k: round(v, 4) for k, v in errors.items() if v > TOLERANCES[k]}
-    assert not over, f"{control_mode}: segments past their tolerance {over}; all: {errors}"
+    over = {k: round(v, 4) for k, v in errors.items() if v > tolerances[k]}
+    assert not over, f"{what}: segments past their tolerance {over}; all: {errors}"
+    assert not result.safety_counters, result.safety_counters  # nothing here needs the safety layer
+
+
+@pytest.mark.parametrize("control_mode", ["pd_ee_delta_pose", "pd_ee_delta_pos"])
+def test_the_arm_tracks_maniskill_per_segment(rig, robot, control_mode):
+    from robotft.real_robot.parity import random_actions
+
+    result = _run(rig, robot, control_mode, random_actions)
+    _check(result, ARM_TOLERANCES, control_mode)
     assert result.actions.shape == (STEPS, 7 if control_mode == "pd_ee_delta_pose" else 4)
-    assert not result.safety_counters, result.safety_counters  # a scripted push is never clipped
-    # The TCP moved (the comparison is not of two arms at rest).
-    assert np.abs(result.actions[:, :3]).sum() > 3.0
+    assert np.abs(result.actions[:, :3]).sum() > 10.0  # the arm moved
+
+
+@pytest.mark.parametrize("control_mode", ["pd_ee_delta_pose", "pd_ee_delta_pos"])
+def test_a_scripted_push_succeeds_in_both(rig, robot, control_mode):
+    from robotft.real_robot.parity import scripted_push
+
+    result = _run(rig, robot, control_mode, scripted_push)
+    _check(result, PUSH_TOLERANCES, control_mode)
+    assert result.success == (True, True)
+    assert len(result.actions) < STEPS  # ManiSkill's episode ended at success
 
 
 def test_a_wrong_rotation_sign_breaks_parity(rig, robot):
     """ManiSkill scales rotations by its *lower* bound (-0.1): the rig's mapping with +0.1 turns the TCP
     the other way, and the parity check says so."""
-    from robotft.real_robot.parity import make_env, random_actions, run_parity
+    from robotft.real_robot.parity import random_actions
 
     broken = dataclasses.replace(
         rig,
@@ -75,9 +98,5 @@ def test_a_wrong_rotation_sign_breaks_parity(rig, robot):
             for a in rig.actions
         ],
     )
-    env = make_env("maniskill/push_cube")
-    try:
-        result = run_parity(env, broken, 10, seed=1, actions=random_actions, robot=robot)
-    finally:
-        env.close()
-    assert result.max()["extra/tcp_pose/rot_rad"] > 3 * TOLERANCES["extra/tcp_pose/rot_rad"]
+    result = _run(broken, robot, "pd_ee_delta_pose", random_actions, steps=10)
+    assert result.max()["extra/tcp_pose/rot_rad"] > 3 * ARM_TOLERANCES["extra/tcp_pose/rot_rad"]
