@@ -32,13 +32,22 @@ def main() -> None:
     report = {}
     for seed in args.seeds:
         result = parity(args.env, args.rig, args.steps, seed, args.actions, args.control_mode)
-        print(f"seed {seed}: success ManiSkill={result.success[0]} rig={result.success[1]}; "
-              f"safety {result.safety_counters or 'none'}")
+        print(
+            f"seed {seed}: success ManiSkill={result.success[0]} rig={result.success[1]}; "
+            f"safety {result.safety_counters or 'none'}"
+        )
         print(result.table(args.every))
         report[seed] = {k: v.tolist() for k, v in result.errors.items()}
     if len(args.seeds) > 1:
-        print("max over seeds:", json.dumps({k: round(max(float(np.max(report[s][k])) for s in report), 4)
-                                            for k in next(iter(report.values()))}))
+        print(
+            "max over seeds:",
+            json.dumps(
+                {
+                    k: round(max(float(np.max(report[s][k])) for s in report), 4)
+                    for k in next(iter(report.values()))
+                }
+            ),
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f)

@@ -49,7 +49,9 @@ def make_lockstep_robot(rig: RigConfig) -> Any:
 
     cfg = parse_robot_config(rig.robot.backend, rig.robot.config)
     if not rig.simulated or not hasattr(cfg, "realtime"):
-        raise ValueError(f"rig {rig.name!r}: lock-step needs a simulated robot, got backend {rig.robot.backend!r}")
+        raise ValueError(
+            f"rig {rig.name!r}: lock-step needs a simulated robot, got backend {rig.robot.backend!r}"
+        )
     safety = SafetyLayer(rig.safety, 1.0 / rig.control_hz, cameras=())
     return make_robot(rig.robot.backend, replace(cfg, realtime=False), safety)
 

@@ -17,7 +17,7 @@ the position error (m) and the rotation angle (rad) separately, otherwise the la
 difference over the segment's dimensions (in the segment's units: rad, rad/s, m).
 
 Actions come from a scripted push (`scripted_push`: closed loop on ManiSkill's state, so the same
-sequence is replayed open loop on the rig) or are smooth random ones.
+sequence is replayed open loop on the rig) or are random free-space motions (`RandomMotion`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,14 @@ import numpy as np
 
 from robotft.real_robot.actions import make_mapper
 from robotft.real_robot.lockstep import make_lockstep_robot, samples
-from robotft.real_robot.rig import ObservationBuilder, RigConfig, SourceConfig, load_rig, require_compatible
+from robotft.real_robot.rig import (
+    ROBOT_FIELDS,
+    ObservationBuilder,
+    RigConfig,
+    SourceConfig,
+    load_rig,
+    require_compatible,
+)
 from robotft.real_robot.transforms import Transform
 from robotft.specs import EnvSpec
 
@@ -111,23 +118,34 @@ def scripted_push(state: dict[str, np.ndarray], step: int, rng: np.random.Genera
     return np.concatenate([delta, np.zeros(3), [-1.0]])
 
 
-def random_actions(state: dict[str, np.ndarray], step: int, rng: np.random.Generator) -> np.ndarray:
+class RandomMotion:
     """Random `pd_ee_delta_pose` motion in free space: a new random direction and rotation every 5 steps,
     steered back into a box 8-25 cm above the table, 0.4-0.75 m in front of the base and 20 cm to either
     side (a target in the table is clipped by the rig's safety layer and not by ManiSkill; near full reach
-    the two IK solvers part ways), the gripper toggling every 10."""
-    if step % 5 == 0:
-        random_actions.segment = (rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.3, 0.3, 3))  # type: ignore[attr-defined]
-    move, rot = (v.copy() for v in random_actions.segment)  # type: ignore[attr-defined]
-    tcp = state["extra/tcp_pose"][:3]
-    low, high = np.array([-0.215, -0.2, 0.08]), np.array([0.135, 0.2, 0.25])  # ManiSkill's world frame
-    move = np.where(tcp < low, 0.5, np.where(tcp > high, -0.5, move))
-    grip = 1.0 if (step // 10) % 2 == 0 else -1.0
-    return np.concatenate([move, rot, [grip]])
+    the two IK solvers part ways), the gripper toggling every 10 steps. One instance per run."""
+
+    LOW = np.array([-0.215, -0.2, 0.08])
+    """Lower corner of the box, ManiSkill's world frame (m)."""
+    HIGH = np.array([0.135, 0.2, 0.25])
+    """Upper corner of the box (m)."""
+
+    def __init__(self) -> None:
+        self._move = self._rot = np.zeros(3)
+
+    def __call__(self, state: dict[str, np.ndarray], step: int, rng: np.random.Generator) -> np.ndarray:
+        if step % 5 == 0:
+            self._move, self._rot = rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.3, 0.3, 3)
+        tcp = state["extra/tcp_pose"][:3]
+        move = np.where(tcp < self.LOW, 0.5, np.where(tcp > self.HIGH, -0.5, self._move))
+        grip = 1.0 if (step // 10) % 2 == 0 else -1.0
+        return np.concatenate([move, self._rot, [grip]])
 
 
-ACTION_SOURCES: dict[str, ActionSource] = {"scripted": scripted_push, "random": random_actions}
-"""Action sequences by name."""
+ACTION_SOURCES: dict[str, Callable[[], ActionSource]] = {
+    "scripted": lambda: scripted_push,
+    "random": RandomMotion,
+}
+"""Action sequences by name: a factory of one run's action source."""
 
 
 def _to_arm_action(action: np.ndarray, dim: int) -> np.ndarray:
@@ -152,18 +170,19 @@ def initial_state(
             continue
         values = segs[src.segment]
         if src.source == "robot" and "joint_positions" in src.fields:
-            start = sum(7 if f == "joint_positions" else 0 for f in src.fields[: src.fields.index("joint_positions")])
-            joints = values[start : start + 7]
+            start = sum(ROBOT_FIELDS[f] for f in src.fields[: src.fields.index("joint_positions")])
+            joints = values[start : start + ROBOT_FIELDS["joint_positions"]]
         elif src.source == "object":
-            poses[src.object] = _object_pose(src, values, base_from_world, rig.world_from_base)
+            poses[src.object] = _object_pose(src, values, base_from_world)
     if joints is None:
         raise ValueError(f"rig {rig.name!r}: no `robot` source with joint_positions among {sorted(segs)}")
     return joints, poses
 
 
 def _object_pose(
-    src: SourceConfig, values: np.ndarray, base_from_world: Transform, world_from_base: Transform
+    src: SourceConfig, values: np.ndarray, base_from_world: Transform
 ) -> tuple[np.ndarray, np.ndarray]:
+    """An object's pose in the base frame from the values of its `pos` or `pose` source."""
     pos = values[:3]
     quat = values[3:7] if src.fields[0] == "pose" else np.array([1.0, 0.0, 0.0, 0.0])
     if src.frame == "world":
@@ -259,13 +278,18 @@ def make_env(env_preset: str, control_mode: str | None = None) -> Any:
 
 
 def parity(
-    env_preset: str, rig_name: str, steps: int, seed: int = 0, actions: str = "scripted", control_mode: str | None = None
+    env_preset: str,
+    rig_name: str,
+    steps: int,
+    seed: int = 0,
+    actions: str = "scripted",
+    control_mode: str | None = None,
 ) -> ParityResult:
     """`run_parity` from preset names (what `scripts/parity.py` calls)."""
     if actions not in ACTION_SOURCES:
         raise ValueError(f"actions {actions!r} must be one of {sorted(ACTION_SOURCES)}")
     env = make_env(env_preset, control_mode)
     try:
-        return run_parity(env, load_rig(rig_name), steps, seed, ACTION_SOURCES[actions])
+        return run_parity(env, load_rig(rig_name), steps, seed, ACTION_SOURCES[actions]())
     finally:
         env.close()

@@ -108,7 +108,9 @@ class SimFrankaConfig:
                 f"{self.physics_hz}, {self.max_lag_s}, {self.home_noise_rad}"
             )
         if not -0.04 <= self.finger_closed_target_m < 0.04:
-            raise ValueError(f"finger_closed_target_m must be in [-0.04, 0.04), got {self.finger_closed_target_m}")
+            raise ValueError(
+                f"finger_closed_target_m must be in [-0.04, 0.04), got {self.finger_closed_target_m}"
+            )
 
 
 def _fatal_warnings(mujoco: Any) -> tuple[Any, ...]:
@@ -319,7 +321,9 @@ class SimFranka(Robot):
         if joint_positions is not None:
             q = np.asarray(joint_positions, dtype=np.float64)
             if q.shape != (NUM_JOINTS,):
-                raise ValueError(f"reset_episode joint_positions must have shape ({NUM_JOINTS},), got {q.shape}")
+                raise ValueError(
+                    f"reset_episode joint_positions must have shape ({NUM_JOINTS},), got {q.shape}"
+                )
         else:
             q = self._home + rng.normal(0.0, self.config.home_noise_rad, NUM_JOINTS)
         with self._lock:

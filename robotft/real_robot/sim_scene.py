@@ -43,13 +43,41 @@ STIFF_CONTACT_SOLIMP = (0.99, 0.999, 0.001, 0.5, 2.0)
 # The table's `solmix` weight makes these parameters win over the other geom's in each of its contacts.
 
 FRANKA_INERTIALS: dict[str, tuple[float, tuple[float, float, float], tuple[float, ...]]] = {
-    "link1": (4.970684, (0.003875, 0.002081, -0.04762), (0.70337, 0.70661, 0.009117, -0.000139, 0.006772, 0.019169)),
-    "link2": (0.646926, (-0.003141, -0.02872, 0.003495), (0.007962, 0.02811, 0.025995, -0.003925, 0.010254, 0.000704)),
-    "link3": (3.228604, (0.027518, 0.039252, -0.066502), (0.037242, 0.036155, 0.01083, -0.004761, -0.011396, -0.012805)),
-    "link4": (3.587895, (-0.05317, 0.104419, 0.027454), (0.025853, 0.019552, 0.028323, 0.007796, -0.001332, 0.008641)),
-    "link5": (1.225946, (-0.011953, 0.041065, -0.038437), (0.035549, 0.029474, 0.008627, -0.002117, -0.004037, 0.000229)),
-    "link6": (1.666555, (0.060149, -0.014117, -0.010517), (0.001964, 0.004354, 0.005433, 0.000109, -0.001158, 0.000341)),
-    "link7": (0.735522, (0.010517, -0.004252, 0.061597), (0.012516, 0.010027, 0.004815, -0.000428, -0.001196, -0.000741)),
+    "link1": (
+        4.970684,
+        (0.003875, 0.002081, -0.04762),
+        (0.70337, 0.70661, 0.009117, -0.000139, 0.006772, 0.019169),
+    ),
+    "link2": (
+        0.646926,
+        (-0.003141, -0.02872, 0.003495),
+        (0.007962, 0.02811, 0.025995, -0.003925, 0.010254, 0.000704),
+    ),
+    "link3": (
+        3.228604,
+        (0.027518, 0.039252, -0.066502),
+        (0.037242, 0.036155, 0.01083, -0.004761, -0.011396, -0.012805),
+    ),
+    "link4": (
+        3.587895,
+        (-0.05317, 0.104419, 0.027454),
+        (0.025853, 0.019552, 0.028323, 0.007796, -0.001332, 0.008641),
+    ),
+    "link5": (
+        1.225946,
+        (-0.011953, 0.041065, -0.038437),
+        (0.035549, 0.029474, 0.008627, -0.002117, -0.004037, 0.000229),
+    ),
+    "link6": (
+        1.666555,
+        (0.060149, -0.014117, -0.010517),
+        (0.001964, 0.004354, 0.005433, 0.000109, -0.001158, 0.000341),
+    ),
+    "link7": (
+        0.735522,
+        (0.010517, -0.004252, 0.061597),
+        (0.012516, 0.010027, 0.004815, -0.000428, -0.001196, -0.000741),
+    ),
     "right_hand": (0.73, (-0.01, 0.0, 0.03), (0.001, 0.0025, 0.0017, 0.0, 0.0, 0.0)),
 }
 """Identified link inertials of the Franka Panda (Gaz et al. 2019, "Dynamic identification of the Franka
@@ -204,8 +232,13 @@ def build_model(scene: SimSceneConfig, physics_hz: float, flange_to_tcp_m: float
         body.inertia, body.iquat = _principal_inertia(mujoco, inertia)
     # The Hand's mass is in `right_hand` above; its fingers weigh 15 g each, as in ManiSkill's model
     # (robosuite gives each finger and fingertip 0.01 kg m^2, as much as the whole forearm).
-    for name, mass in (("right_gripper", 1e-3), ("leftfinger", 0.015), ("rightfinger", 0.015),
-                       ("finger_joint1_tip", 1e-3), ("finger_joint2_tip", 1e-3)):
+    for name, mass in (
+        ("right_gripper", 1e-3),
+        ("leftfinger", 0.015),
+        ("rightfinger", 0.015),
+        ("finger_joint1_tip", 1e-3),
+        ("finger_joint2_tip", 1e-3),
+    ):
         body = hand.body(name)
         body.mass, body.inertia, body.explicitinertial = mass, [2.4e-6, 2.4e-6, 7.5e-7], True
     flange = arm.body("right_hand")  # robosuite's flange frame, already turned -45 deg like the Hand
@@ -279,8 +312,6 @@ def check_size(name: str, value: tuple[float, ...], size: int, allow_zero: bool 
     if arr.shape != (size,) or not np.all(np.isfinite(arr)) or (not allow_zero and np.any(arr <= 0)):
         what = "finite numbers" if allow_zero else "numbers > 0"
         raise ValueError(f"{name} must be {size} {what}, got {value}")
-
-
 
 
 def _principal_inertia(mujoco: Any, full: tuple[float, ...]) -> tuple[list[float], list[float]]:

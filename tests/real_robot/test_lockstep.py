@@ -78,8 +78,11 @@ def test_lockstep_refuses_a_camera_policy():
 
     rig = load_rig("sim_franka")
     rig.observations.append(
-        type(rig.observations[0])(key="rgb/base", unit="rgb8", sources=[type(rig.observations[0].sources[0])(
-            source="camera", camera="base")])
+        type(rig.observations[0])(
+            key="rgb/base",
+            unit="rgb8",
+            sources=[type(rig.observations[0].sources[0])(source="camera", camera="base")],
+        )
     )
     spec = EnvSpec(
         {"rgb/base": FeatureSpec("rgb/base", (128, 128, 3), "uint8", unit="rgb8")},

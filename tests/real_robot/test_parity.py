@@ -68,9 +68,9 @@ def _check(result, tolerances, what):
 
 @pytest.mark.parametrize("control_mode", ["pd_ee_delta_pose", "pd_ee_delta_pos"])
 def test_the_arm_tracks_maniskill_per_segment(rig, robot, control_mode):
-    from robotft.real_robot.parity import random_actions
+    from robotft.real_robot.parity import RandomMotion
 
-    result = _run(rig, robot, control_mode, random_actions)
+    result = _run(rig, robot, control_mode, RandomMotion())
     _check(result, ARM_TOLERANCES, control_mode)
     assert result.actions.shape == (STEPS, 7 if control_mode == "pd_ee_delta_pose" else 4)
     assert np.abs(result.actions[:, :3]).sum() > 10.0  # the arm moved
@@ -89,14 +89,16 @@ def test_a_scripted_push_succeeds_in_both(rig, robot, control_mode):
 def test_a_wrong_rotation_sign_breaks_parity(rig, robot):
     """ManiSkill scales rotations by its *lower* bound (-0.1): the rig's mapping with +0.1 turns the TCP
     the other way, and the parity check says so."""
-    from robotft.real_robot.parity import random_actions
+    from robotft.real_robot.parity import RandomMotion
 
     broken = dataclasses.replace(
         rig,
         actions=[
-            dataclasses.replace(a, rot_scale_rad=-a.rot_scale_rad) if a.control_mode == "pd_ee_delta_pose" else a
+            dataclasses.replace(a, rot_scale_rad=-a.rot_scale_rad)
+            if a.control_mode == "pd_ee_delta_pose"
+            else a
             for a in rig.actions
         ],
     )
-    result = _run(broken, robot, "pd_ee_delta_pose", random_actions, steps=10)
+    result = _run(broken, robot, "pd_ee_delta_pose", RandomMotion(), steps=10)
     assert result.max()["extra/tcp_pose/rot_rad"] > 3 * ARM_TOLERANCES["extra/tcp_pose/rot_rad"]
