@@ -343,3 +343,25 @@ def test_deploy_check_accepts_a_state_checkpoint_on_the_sim_rig(cli, checkpoint,
     ):
         assert line in out, out
     assert not (tmp_path / "runs").exists()  # nothing ran, nothing was written
+
+
+class SilentCamera:
+    """A camera that never delivers a frame (a test double: e.g. a RealSense still starting up)."""
+
+    def latest(self):
+        return None
+
+
+def test_a_camera_without_frames_is_named_once_and_then_refused(checkpoint, rig_devices, caplog):
+    rig, robot, _ = rig_devices
+    policy, ckpt = load_policy(checkpoint)
+    rig = dataclasses.replace(rig, start_timeout_s=0.5)
+    robot.safety.counters.clear()
+    with robot, caplog.at_level("WARNING", logger="robotft.real_robot.runner"):
+        runner = Runner(rig, policy, ckpt.spec, robot, {"base": SilentCamera()}, SceneJudge(rig.success))
+        with pytest.raises(RuntimeError, match=r"no sample from \['camera/base'\] within 0.5 s"):
+            runner.run(1)
+    waiting = [r.getMessage() for r in caplog.records if "waiting for the first sample" in r.getMessage()]
+    assert len(waiting) == 1 and "camera/base" in waiting[0], waiting
+    # The arm was never commanded while waiting, so no safety intervention was counted.
+    assert not robot.safety.counters, robot.safety.counters
