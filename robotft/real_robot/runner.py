@@ -304,6 +304,7 @@ class Runner:
         self.executor = self._make_executor(executor or rig.executor.type)
         self._last_sent: RobotCommand | None = None
         self._episode_start = -np.inf
+        self._announced: set[str] = set()
 
     def _make_executor(self, name: str) -> ChunkExecutor:
         cfg = self.rig.executor
@@ -431,8 +432,10 @@ class Runner:
 
     def _wait_for_streams(self, index: int) -> None:
         """Before the episode's first tick, wait until every stream (robot, objects, cameras) has a sample
-        captured after the reset, saying once what it waits for; the arm holds still meanwhile (no command
-        is sent, so nothing counts as a safety refusal). Raises after `rig.start_timeout_s`."""
+        captured after the reset; the arm holds still meanwhile (no command is sent, so nothing counts as a
+        safety refusal). Each stream it waits for is named once per session as a warning (a camera's
+        first frame), afterwards at debug level (the wait after each reset is ordinary). Raises after
+        `rig.start_timeout_s`."""
         deadline = time.monotonic() + self.rig.start_timeout_s
         said: set[str] = set()
         while True:
@@ -447,13 +450,16 @@ class Runner:
                 return
             new = [w for w in waiting if w not in said]
             if new:
-                log.warning(
+                first = [w for w in new if w not in self._announced]
+                log.log(
+                    logging.WARNING if first else logging.DEBUG,
                     "episode %d: waiting for the first sample since the reset from %s (a camera's first frame "
                     "after start-up can take seconds); the policy starts when it arrives",
                     index,
                     ", ".join(new),
                 )
                 said.update(new)
+                self._announced.update(new)
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"episode {index}: no sample from {waiting} within {self.rig.start_timeout_s:g} s of the "
