@@ -213,7 +213,8 @@ def test_stop_key_latches_the_safety_stop(checkpoint, rig_devices):
             os.close(write_fd)
     assert result.episodes[0].outcome == "stopped"
     assert result.tally.scored == 0
-    assert 0.5 < result.episodes[0].duration_s < 2.0
+    # The key (0.7 s after the start; the episode starts once the camera has delivered) ended it at once.
+    assert result.episodes[0].duration_s < 2.0
 
 
 # ---- the command line ----------------------------------------------------------------------------------
