@@ -6,7 +6,10 @@
 2. Build the safety layer, the robot and the cameras (robotft.real_robot.backends), connect them.
 3. Run the episodes (robotft.real_robot.runner), recording them into the dataset store.
 4. Write `latency.json` / `latency.png` (robotft.real_robot.latency) and `deploy.json` (the tally with
-   its Wilson interval, each episode's outcome, the paths) into the output folder.
+   its Wilson interval, each episode's outcome and safety interventions, the paths) into the output folder.
+
+`--check` stops after step 1 and prints the observation and action mapping (`check_deployment`);
+`--lockstep` runs a simulated rig without the wall clock (robotft.real_robot.lockstep) instead of 2-3.
 """
 
 from __future__ import annotations
