@@ -41,7 +41,7 @@ from tqdm import tqdm
 from robotft import checkpoint as ckpt_io
 from robotft.config import EnvConfig, resolve_device, to_dict
 from robotft.datasets.normalizer import Normalizer
-from robotft.datasets.sampler import SequenceSampler, infinite_batches
+from robotft.datasets.sampler import infinite_batches
 from robotft.datasets.store import DatasetWriter, ReplayBuffer
 from robotft.envs.base import BatchedEnv, Obs
 from robotft.envs.chunked import ChunkedEnv
@@ -300,19 +300,24 @@ def dataset_features(spec: EnvSpec, teacher_horizon: int) -> dict[str, FeatureSp
 
 
 class LabelledWindows(torch.utils.data.Dataset):
-    """One round's store as BC samples: the student's observation window ending at step t and the teacher's
-    chunk labelled at t, cut to the student's horizon (`{"obs": ..., "action": [H_student, act_dim]}`)."""
+    """One round's store as BC samples: the student's observation window ending at step t (the episode's first
+    frame repeated before its start) and the teacher's chunk labelled at t, cut to the student's horizon:
+    `{"obs": {key: [obs_steps, *shape]}, "action": [H_student, act_dim]}`. The store is read into memory once
+    (a round's images are tens of MB), so that training does not wait on zarr reads."""
 
     def __init__(self, buffer: ReplayBuffer, policy_cfg: PolicyConfig) -> None:
-        # With every episode in order, sample i of the window sampler is time step i of the store.
-        self.windows = SequenceSampler(buffer, policy_cfg.obs_keys, policy_cfg.obs_steps, 1)
+        self.arrays = {k: np.asarray(buffer.array(k)) for k in policy_cfg.obs_keys}
         self.labels = np.asarray(buffer.array(LABEL_KEY), dtype=np.float32)[:, : policy_cfg.horizon_steps]
+        starts = np.concatenate([[0], buffer.episode_ends[:-1]])
+        self.episode_start = np.repeat(starts, buffer.episode_ends - starts)
+        self.offsets = np.arange(-policy_cfg.obs_steps + 1, 1)
 
     def __len__(self) -> int:
-        return len(self.windows)
+        return len(self.labels)
 
     def __getitem__(self, i: int) -> dict:
-        return {"obs": self.windows[i]["obs"], "action": self.labels[i]}
+        idx = np.maximum(i + self.offsets, self.episode_start[i])
+        return {"obs": {k: a[idx] for k, a in self.arrays.items()}, "action": self.labels[i]}
 
 
 def fit_student_normalizer(buffer: ReplayBuffer, policy_cfg: PolicyConfig) -> Normalizer:
