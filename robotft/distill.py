@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -221,7 +222,7 @@ class RoundStats:
 
 
 def collect_round(env: BatchedEnv, teacher: Policy, student: Policy | None, views: Views, beta: float,
-                  episodes: int, writer: DatasetWriter, seed: int, act_steps: int) -> RoundStats:
+                  episodes: int, writer: DatasetWriter, seed: int, act_steps: int, desc: str = "") -> RoundStats:
     """Roll out the β-mixture for `episodes` complete episodes; write each with the teacher's labels.
 
     At a chunk boundary env b executes the teacher's chunk with probability `beta` (always when `student` is
@@ -237,6 +238,8 @@ def collect_round(env: BatchedEnv, teacher: Policy, student: Policy | None, view
     plan = torch.zeros(B, act_steps, env.spec.action.dim, device=dev)
     cursor = torch.full((B,), act_steps, dtype=torch.long)
     stats = RoundStats()
+    bar = tqdm(total=episodes, desc=desc or "rollouts", leave=False, dynamic_ncols=True, file=sys.stderr,
+               disable=not desc)
     while stats.episodes < episodes:
         with torch.no_grad():
             label = teacher.predict_chunk(views.for_teacher(hist.last(teacher.config.obs_steps)))
@@ -269,10 +272,12 @@ def collect_round(env: BatchedEnv, teacher: Policy, student: Policy | None, view
                     _write_episode(writer, buffers[b], views)
                     stats.episodes += 1
                     stats.successes += int(info["success"][b])
+                    bar.update(1)
                 buffers[b] = _empty_episode(views)
             resets += 1
             hist.restart(env.reset(seed=seed + resets * B, env_ids=ids.to(dev)), ids.to(dev))
             cursor[ids] = act_steps
+    bar.close()
     return stats
 
 
@@ -416,6 +421,8 @@ def _distill(cfg: DistillConfig, student_cfg: PolicyConfig, teacher: Policy, tea
             raise ValueError(f"{previous} finished round {start_round} and --rounds is {cfg.rounds}: nothing to "
                              "resume (raise --rounds to distill longer)")
         print(f"resuming {out} after round {start_round}", file=sys.stderr)
+    for stale in (out / "data").glob("*.tmp-*"):  # a round whose collection was killed
+        shutil.rmtree(stale, ignore_errors=True)
     stores = [_store_path(out, r) for r in range(start_round)]
     for p in stores:
         if not p.exists():
@@ -437,7 +444,7 @@ def _distill(cfg: DistillConfig, student_cfg: PolicyConfig, teacher: Policy, tea
                                fps=spec.action.control_hz or 1.0, action_spec=spec.action, env=to_dict(cfg.env),
                                source=f"DAgger round {r + 1} of {cfg.teacher}", mode="overwrite") as writer:
                 stats = collect_round(env, teacher, student, views, beta, cfg.episodes_per_round, writer,
-                                      cfg.seed + 7919 * r, act_steps)
+                                      cfg.seed + 7919 * r, act_steps, desc=f"round {r + 1} rollouts (β {beta:.2f})")
             collect_s = time.perf_counter() - t0
             env_steps += stats.env_steps
             stores.append(_store_path(out, r))
