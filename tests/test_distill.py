@@ -7,7 +7,6 @@ import dataclasses
 import json
 
 import pytest
-import torch
 
 from robotft.checkpoint import load_policy, read_checkpoint
 from robotft.config import EnvConfig, from_dict

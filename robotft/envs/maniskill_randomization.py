@@ -24,6 +24,7 @@ Lights and colours are render state: they change the camera images, not the phys
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -54,6 +55,8 @@ class ManiSkillRandomizer:
         self._camera_nominal = {uid: (c.pose.raw_pose[0].cpu().numpy().copy(), float(c.fov))
                                 for uid, c in env._sensor_configs.items() if getattr(c, "fov", None) is not None}
         self._camera_rng = np.random.default_rng(_CAMERA_STREAM)
+        # The env's own camera overrides (the preset's `sensor_configs`: size, pose), kept under each draw.
+        self._custom_cameras = copy.deepcopy(env._custom_sensor_configs or {})
         # Nominal light and material colours of the current scene (a camera rebuild makes a new scene).
         self._render_scene: Any = None
         self._lights: list[tuple[Any, np.ndarray]] = []
@@ -75,12 +78,12 @@ class ManiSkillRandomizer:
         if seed is not None:
             self._camera_rng = np.random.default_rng([seed, _CAMERA_STREAM])
         r, (lo, hi) = self.cfg.camera_pos_range, self.cfg.camera_fov_range
-        configs = {}
+        configs = copy.deepcopy(self._custom_cameras)
         for uid, (raw_pose, fov) in self._camera_nominal.items():
             pose = raw_pose.copy()
             pose[:3] += self._camera_rng.uniform(-r, r, size=3)
             fov_deg = math.degrees(fov) + self._camera_rng.uniform(lo, hi)
-            configs[uid] = {"pose": pose.tolist(), "fov": math.radians(fov_deg)}
+            configs[uid] = {**configs.get(uid, {}), "pose": pose.tolist(), "fov": math.radians(fov_deg)}
         self.env._custom_sensor_configs = configs
         return {"reconfigure": True}
 
