@@ -13,7 +13,7 @@ cd "$repo"
 run="${1:-runs/sim_to_real}"
 eval_episodes="${EVAL_EPISODES:-50}"
 robotft() { "$venv/bin/robotft" "$@"; }
-success() { "$venv/bin/python" -c 'import json,sys; r=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(f"{r[\"success_rate\"]:.0%} ({r.get(\"episodes\", r.get(\"scored\"))} episodes)")'; }
+success() { "$venv/bin/python" -c 'import json, sys; r = json.loads(sys.stdin.read().strip().splitlines()[-1]); print("%.0f%% (%s episodes)" % (100 * r["success_rate"], r.get("episodes", r.get("scored"))))'; }
 start=$(date +%s)
 mkdir -p "$run"
 
