@@ -24,7 +24,7 @@ from robotft.config import EnvConfig, from_dict, resolve_device, to_dict
 from robotft.datasets.normalizer import Normalizer
 from robotft.distributed import DistContext, distributed
 from robotft.envs.chunked import ChunkedEnv
-from robotft.evaluation import EvalResult, evaluate
+from robotft.evaluation import EVAL_SEED, EvalResult, evaluate
 from robotft.policies.base import Policy, build_policy, policy_config_class
 from robotft.rl.algorithm import Algorithm
 from robotft.rl.critic import ValueCritic
@@ -36,7 +36,7 @@ from robotft.rl.reinflow import ReinFlow, ReinFlowConfig
 from robotft.rl.residual_ppo import ResidualPPO, ResidualPPOConfig
 from robotft.rl.rollout import RolloutConfig
 from robotft.runlog import NullLogger, RunLogger, plot_curves, read_metrics
-from robotft.specs import EnvSpec
+from robotft.specs import EnvSpec, check_policy_fits_env
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     "dppo": DPPO,
@@ -80,14 +80,29 @@ class FinetuneConfig:
     save_every: int = 5
     """Iterations between checkpoints (the last is always saved)."""
     seed: int = 0
+    """Seed of rollouts and sampling (evaluations always use the shared evaluation start states)."""
     device: str = "auto"
+    """`auto`, `cpu` or `cuda`."""
+
+    @classmethod
+    def for_algorithm(cls, algo: str, **fields: Any) -> FinetuneConfig:
+        """A config for `--algo algo` whose `rl.` section holds that algorithm's own defaults (its
+        `rl_defaults`, from its paper) instead of the PPO core's; `fields` set the other fields. Apply user
+        overrides on top of the result, so that a flag the user passes always wins."""
+        if algo not in ALGORITHMS:
+            raise ValueError(f"unknown --algo {algo!r}; available: {list(ALGORITHMS)}")
+        rl = PPOConfig(**ALGORITHMS[algo].rl_defaults)
+        return cls(algo=algo, rl=rl, **fields)
 
 
 def make_algorithm(name: str, policy: Policy, cfg: FinetuneConfig) -> Algorithm:
-    """The algorithm `--algo name` over `policy`, configured by the FinetuneConfig section of the same name."""
+    """The algorithm `--algo name` over `policy`, configured by the FinetuneConfig section of the same name
+    (and `rl.logprob_reduction`)."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown --algo {name!r}; available: {list(ALGORITHMS)}")
-    return ALGORITHMS[name](policy, getattr(cfg, name))
+    algo = ALGORITHMS[name](policy, getattr(cfg, name))
+    algo.logprob_reduction = cfg.rl.logprob_reduction
+    return algo
 
 
 def make_critic(policy: Policy, spec: EnvSpec, normalizer: Normalizer, cfg: FinetuneConfig,
@@ -145,6 +160,8 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
 
     # With Ray the training envs live on the workers; the learner only holds evaluation envs (rank 0).
     env = make_env(env_cfg, device=device) if cfg.rollout.backend == "inprocess" else None
+    if env is not None:
+        check_policy_fits_env(source.spec, env.spec, str(source.path))
     chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps) if env is not None else None
     eval_env = env
     if ctx.is_main and cfg.eval_episodes > 0 and (cfg.eval_num_envs or env is None):
@@ -183,14 +200,13 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     def run_eval() -> EvalResult:
         policy.eval()
         result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked_eval,
-                          cfg.eval_episodes, seed=cfg.seed + 1_000_000)
+                          cfg.eval_episodes, seed=EVAL_SEED)
         if eval_env is env:
             ppo.restart_episodes()  # evaluation left the shared envs mid-episode
         return result
 
-    def save(metrics: dict[str, Any]) -> None:
-        ckpt_io.save_run_checkpoint(
-            out, ppo.iteration,
+    def checkpoint_contents(metrics: dict[str, Any]) -> dict[str, Any]:
+        return dict(
             model_state=policy.state_dict(),
             config={"policy": to_dict(policy.config), "env": to_dict(env_cfg), "spec": source.spec.to_dict(),
                     "run": run_config},
@@ -200,19 +216,34 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
             training_state={"ppo": ppo.state_dict()},
         )
 
+    def save(metrics: dict[str, Any]) -> None:
+        ckpt_io.save_run_checkpoint(out, ppo.iteration, **checkpoint_contents(metrics))
+
+    def evaluate_and_keep_best(when: str) -> dict[str, Any]:
+        """Evaluate, log, and write `out/best` when the success rate is the best of the run so far."""
+        result = run_eval()
+        metrics = _log_eval(log, ppo, result, when, wall_seconds())
+        if ckpt_io.save_best_checkpoint(out, result.success_rate, **checkpoint_contents(metrics)) is not None:
+            tqdm.write(f"best so far: {out / ckpt_io.BEST_DIR} (success {result.success_rate:.2f})", file=sys.stderr)
+        return metrics
+
     metrics: dict[str, Any] = {}
     try:
         logger = RunLogger(out, resume_step=ppo.env_steps if resuming else None) if ctx.is_main else NullLogger()
         with logger as log:
             if ctx.is_main and cfg.eval_episodes > 0 and ppo.iteration == 0:
-                metrics = _log_eval(log, ppo, run_eval(), "before fine-tuning", wall_seconds())
+                metrics = evaluate_and_keep_best("before fine-tuning")
             bar = tqdm(range(ppo.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]", initial=ppo.iteration,
                        total=cfg.rl.iterations, dynamic_ncols=True, file=sys.stderr, disable=not ctx.is_main)
             for _ in bar:
                 buf, next_value, stats = ppo.collect() if collector is None else collector.collect(ppo)
                 t0 = time.perf_counter()
-                update = ppo.update(buf, next_value)
+                update = ppo.update(buf, next_value, signal=stats.signal)
                 update_s = time.perf_counter() - t0
+                if update["actor_skipped_no_signal"] and ctx.is_main:
+                    tqdm.write(f"iteration {ppo.iteration}: no success and a constant reward in the rollout, so no "
+                               "learning signal: the actor was not updated (rl.skip_no_signal); consider a dense "
+                               "reward or a stronger starting policy", file=sys.stderr)
                 scalars = {f"train/{k}": v for k, v in update.items()}
                 scalars.update({
                     "train/env_steps_per_s": stats.env_steps / max(stats.seconds, 1e-9),
@@ -228,7 +259,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                                 kl=f"{update.get('approx_kl', 0.0):.3f}")
                 last = ppo.iteration == cfg.rl.iterations
                 if ctx.is_main and cfg.eval_episodes > 0 and (last or ppo.iteration % cfg.eval_every == 0):
-                    metrics = _log_eval(log, ppo, run_eval(), f"iteration {ppo.iteration}", wall_seconds())
+                    metrics = evaluate_and_keep_best(f"iteration {ppo.iteration}")
                 if ctx.is_main and (last or ppo.iteration % cfg.save_every == 0):
                     save(metrics)
             bar.close()
