@@ -22,7 +22,8 @@ The student sees only its own `obs_keys`; with `--rig` these must be what that r
 anything is trained, robotft.real_robot.rig.check_rig), so the distilled checkpoint is deployable there.
 Visual domain randomization (camera pose, field of view, light, colours) comes from the env's
 `randomization` config (robotft.envs.maniskill_randomization). Checkpoints go to `<out>/checkpoints/step_*`
-(one per round); `--resume` continues after the newest completed round.
+(one per round), the best student by evaluation success to `<out>/best`; `--resume` continues after the
+newest completed round.
 """
 
 from __future__ import annotations
@@ -473,18 +474,19 @@ def _distill(cfg: DistillConfig, student_cfg: PolicyConfig, teacher: Policy, tea
                            f"{result.ci95[1]:.2f}), teacher {teacher_success}", file=sys.stderr)
             log.log(env_steps, scalars)
             bar.set_postfix(beta=f"{beta:.2f}", sr=f"{metrics.get('success_rate', float('nan')):.2f}")
-            ckpt_io.save_run_checkpoint(
-                out, r + 1,
-                model_state=student.export_state_dict(),
-                config={"policy": to_dict(student.config), "env": to_dict(cfg.env), "spec": spec.to_dict(),
-                        "run": run_config},
-                normalizer=student.normalizer,
-                meta={"stage": "distill", "step": r + 1, "round": r + 1, "env_steps": env_steps, "beta": beta,
-                      "metrics": metrics, "teacher": str(teacher_ckpt.path), "teacher_success": teacher_success,
-                      "rig": cfg.rig},
-                training_state={"policy": student.state_dict(), "optimizer": optimizer.state_dict(),
-                                "torch_rng": torch.get_rng_state()},
-            )
+            saved = {
+                "model_state": student.export_state_dict(),
+                "config": {"policy": to_dict(student.config), "env": to_dict(cfg.env), "spec": spec.to_dict(),
+                           "run": run_config},
+                "normalizer": student.normalizer,
+                "meta": {"stage": "distill", "step": r + 1, "round": r + 1, "env_steps": env_steps, "beta": beta,
+                         "metrics": metrics, "teacher": str(teacher_ckpt.path), "teacher_success": teacher_success,
+                         "rig": cfg.rig},
+            }
+            ckpt_io.save_run_checkpoint(out, r + 1, **saved, training_state={
+                "policy": student.state_dict(), "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()})
+            if "success_rate" in metrics:  # DAgger returns the best student on validation (Ross et al., Alg. 3.1)
+                ckpt_io.save_best_checkpoint(out, metrics["success_rate"], **saved)
         bar.close()
     return out
 

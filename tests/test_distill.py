@@ -72,6 +72,8 @@ def test_dagger_student_reaches_teacher_success(teacher, tmp_path):
     assert store.n_episodes == 48
     policy, _ = load_policy(out)
     assert policy.config.obs_keys == ["rgb/top"]
+    best = read_checkpoint(out / "best")
+    assert best.meta["best_score"] >= metrics["success_rate"] and best.meta["stage"] == "distill"
 
 
 def test_resume_continues_after_the_last_round(teacher, tmp_path):
