@@ -45,7 +45,8 @@ robotft distill --teacher "$run/dppo" --policy diffusion_mlp_rgb --env maniskill
 student=$(robotft eval "$run/distill" --episodes "$eval_episodes" --json | success)
 
 check="skipped (this robotft has no deploy --check)"
-if robotft deploy --help | grep -q -- "--check"; then
+deploy_help=$(robotft deploy --help)
+if [[ "$deploy_help" == *"--check"* ]]; then
   if robotft deploy "$run/distill" --rig real_robot/franka_d435.yaml --check; then check="accepted"
   else check="refused (see above)"; fi
 fi
