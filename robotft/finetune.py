@@ -29,23 +29,34 @@ from robotft.policies.base import Policy, build_policy, policy_config_class
 from robotft.rl.algorithm import Algorithm
 from robotft.rl.critic import ValueCritic
 from robotft.rl.dppo import DPPO, DPPOConfig
+from robotft.rl.dsrl import DSRL, DSRLConfig
+from robotft.rl.filtered_bc import FilteredBC, FilteredBCConfig
 from robotft.rl.flow_sde import FlowSDE, FlowSDEConfig
 from robotft.rl.gaussian_ppo import GaussianPPO, GaussianPPOConfig
+from robotft.rl.kl_monitor import KLMonitorConfig, KLToBase
+from robotft.rl.offpolicy import OffPolicyAlgorithm, OffPolicyConfig
+from robotft.rl.pa_rl import PARL, PARLConfig
 from robotft.rl.ppo import PPO, PPOConfig
 from robotft.rl.reinflow import ReinFlow, ReinFlowConfig
 from robotft.rl.residual_ppo import ResidualPPO, ResidualPPOConfig
+from robotft.rl.residual_sac import ResidualSAC, ResidualSACConfig
 from robotft.rl.rollout import RolloutConfig
 from robotft.runlog import NullLogger, RunLogger, plot_curves, read_metrics
 from robotft.specs import EnvSpec, check_policy_fits_env
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
+ALGORITHMS: dict[str, type[Algorithm] | type[OffPolicyAlgorithm]] = {
     "dppo": DPPO,
     "ppo": GaussianPPO,
     "residual_ppo": ResidualPPO,
     "reinflow": ReinFlow,
     "flow_sde": FlowSDE,
+    "dsrl": DSRL,
+    "pa_rl": PARL,
+    "residual_sac": ResidualSAC,
+    "filtered_bc": FilteredBC,
 }
-"""`--algo` name → algorithm class; each reads the FinetuneConfig section of the same name."""
+"""`--algo` name → algorithm class; each reads the FinetuneConfig section of the same name. Off-policy algorithms
+(`core = "offpolicy"`) run in robotft.finetune_offpolicy."""
 
 
 @dataclasses.dataclass
@@ -66,6 +77,14 @@ class FinetuneConfig:
     residual_ppo: ResidualPPOConfig = dataclasses.field(default_factory=ResidualPPOConfig)
     reinflow: ReinFlowConfig = dataclasses.field(default_factory=ReinFlowConfig)
     flow_sde: FlowSDEConfig = dataclasses.field(default_factory=FlowSDEConfig)
+    offpolicy: OffPolicyConfig = dataclasses.field(default_factory=OffPolicyConfig)
+    """The off-policy core (dsrl, pa_rl, residual_sac, filtered_bc); their iterations are `rl.iterations`."""
+    dsrl: DSRLConfig = dataclasses.field(default_factory=DSRLConfig)
+    pa_rl: PARLConfig = dataclasses.field(default_factory=PARLConfig)
+    residual_sac: ResidualSACConfig = dataclasses.field(default_factory=ResidualSACConfig)
+    filtered_bc: FilteredBCConfig = dataclasses.field(default_factory=FilteredBCConfig)
+    kl_to_base: KLMonitorConfig = dataclasses.field(default_factory=KLMonitorConfig)
+    """The `train/kl_to_base` monitor (robotft.rl.kl_monitor), logged by every algorithm."""
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     """Where rollouts run: in this process (default) or on Ray env workers (robotft.rl.rollout)."""
     eval_every: int = 5
@@ -92,10 +111,11 @@ class FinetuneConfig:
         if algo not in ALGORITHMS:
             raise ValueError(f"unknown --algo {algo!r}; available: {list(ALGORITHMS)}")
         rl = PPOConfig(**ALGORITHMS[algo].rl_defaults)
-        return cls(algo=algo, rl=rl, **fields)
+        offpolicy = OffPolicyConfig(**getattr(ALGORITHMS[algo], "offpolicy_defaults", {}))
+        return cls(algo=algo, rl=rl, offpolicy=offpolicy, **fields)
 
 
-def make_algorithm(name: str, policy: Policy, cfg: FinetuneConfig) -> Algorithm:
+def make_algorithm(name: str, policy: Policy, cfg: FinetuneConfig) -> Algorithm | OffPolicyAlgorithm:
     """The algorithm `--algo name` over `policy`, configured by the FinetuneConfig section of the same name
     (and `rl.logprob_reduction`)."""
     if name not in ALGORITHMS:
@@ -125,6 +145,10 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
 
     Under torchrun every rank collects from its own envs (seeded by rank) and gradients are averaged across
     ranks (robotft.distributed); rank 0 evaluates and writes checkpoints and logs."""
+    if getattr(ALGORITHMS.get(cfg.algo), "core", "ppo") == "offpolicy":
+        from robotft.finetune_offpolicy import run_offpolicy_finetune
+
+        return run_offpolicy_finetune(cfg, policy_overrides, resume)
     if cfg.rollout.backend == "ray" and cfg.rl.reward_scale:
         raise ValueError("rl.reward_scale is not supported with rollout.backend ray: the running return "
                          "statistics would differ between workers; use rollout.backend inprocess")
@@ -154,7 +178,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     if policy_overrides and not resuming:
         policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.")
     policy = build_policy(policy_cfg, source.spec, source.normalizer)
-    policy.load_state_dict(source.model_state)
+    ckpt_io.load_weights(policy, source)
     policy.to(device)
     algo = make_algorithm(cfg.algo, policy, cfg)
 
@@ -170,8 +194,10 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     chunked_eval = ChunkedEnv(eval_env, policy.config.obs_steps, policy.config.act_steps) if eval_env is not None else None
     critic = make_critic(policy, source.spec, source.normalizer, cfg, algo).to(device)
     ppo = PPO(algo, critic, chunked, cfg.rl, seed=seed, dist=ctx, device=device)
+    kl_monitor = KLToBase(policy, cfg.kl_to_base if ctx.is_main else KLMonitorConfig(num_obs=0))
     if resuming:
         ppo.load_state_dict(source.training_state()["ppo"])
+        kl_monitor.load_state_dict(source.training_state().get("kl_to_base"))
         if ppo.iteration >= cfg.rl.iterations:
             raise ValueError(f"{previous} is at iteration {ppo.iteration} and --iterations is {cfg.rl.iterations}: "
                              "nothing to resume (raise --iterations to train longer)")
@@ -213,7 +239,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
             normalizer=source.normalizer,
             meta={"stage": "finetune", "step": ppo.iteration, "env_steps": ppo.env_steps, "metrics": metrics,
                   "algo": cfg.algo, "source": origin, "wall_seconds": wall_seconds()},
-            training_state={"ppo": ppo.state_dict()},
+            training_state={"ppo": ppo.state_dict(), "kl_to_base": kl_monitor.state_dict()},
         )
 
     def save(metrics: dict[str, Any]) -> None:
@@ -237,6 +263,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                        total=cfg.rl.iterations, dynamic_ncols=True, file=sys.stderr, disable=not ctx.is_main)
             for _ in bar:
                 buf, next_value, stats = ppo.collect() if collector is None else collector.collect(ppo)
+                kl_to_base = kl_monitor.estimate(buf.obs)  # the policy that collected this rollout
                 t0 = time.perf_counter()
                 update = ppo.update(buf, next_value, signal=stats.signal)
                 update_s = time.perf_counter() - t0
@@ -246,6 +273,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                                "reward or a stronger starting policy", file=sys.stderr)
                 scalars = {f"train/{k}": v for k, v in update.items()}
                 scalars.update({
+                    "train/kl_to_base": kl_to_base,
                     "train/env_steps_per_s": stats.env_steps / max(stats.seconds, 1e-9),
                     "train/update_seconds": update_s,
                     "train/env_steps": ppo.env_steps,
