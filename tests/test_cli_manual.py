@@ -42,6 +42,7 @@ def help_text(capsys, *argv: str) -> str:
 
 def _configs() -> dict[str, list[tuple[type, str]]]:
     from robotft.datasets.recipe import DatasetRecipe
+    from robotft.distill import DistillConfig
     from robotft.finetune import FinetuneConfig
     from robotft.policies.diffusion import DiffusionPolicyConfig
     from robotft.pretrain import PretrainConfig
@@ -50,6 +51,7 @@ def _configs() -> dict[str, list[tuple[type, str]]]:
     return {
         "pretrain --policy diffusion_mlp": [(PretrainConfig, ""), (DiffusionPolicyConfig, "policy.")],
         "finetune": [(FinetuneConfig, "")],
+        "distill --policy diffusion_mlp": [(DistillConfig, ""), (DiffusionPolicyConfig, "policy.")],
         "eval": [(EnvConfig, "env.")],
         "deploy": [(DeployOptions, "")],
         "data": [(DatasetRecipe, ""), (EnvConfig, "env.")],
