@@ -41,7 +41,9 @@ class _LineTqdm(tqdm):
 
     def close(self) -> None:
         """Print the final state once (tqdm's own close would redraw it with a carriage return)."""
-        if not self.disable and self.n != self._last_n:
+        if self.disable:  # a disabled bar never opened its stream
+            return super().close()
+        if self.n != self._last_n:
             self.fp.write(self.__str__().strip() + "\n")
             self.fp.flush()
         self._last_n = self.n

@@ -165,6 +165,10 @@ def test_progress_bar_writes_sparse_lines_off_a_terminal(monkeypatch):
     lines = text.splitlines()
     assert len(lines) == 2, lines  # the first state and the final one
     assert lines[-1].startswith("eval: 100% 1000/1000"), lines[-1]
+    quiet = io.StringIO()
+    with progress_bar(total=3, desc="off", file=quiet, disable=True) as bar:
+        bar.update(3)
+    assert quiet.getvalue() == ""
 
 
 def test_maniskill_warning_once_per_process():
