@@ -49,7 +49,7 @@ from robotft.envs.base import BatchedEnv, Obs
 from robotft.envs.chunked import ChunkedEnv
 from robotft.evaluation import EvalResult, evaluate
 from robotft.policies.base import Policy, PolicyConfig, build_policy
-from robotft.runlog import RunLogger
+from robotft.runlog import RunLogger, progress_bar
 from robotft.specs import EnvSpec, FeatureSpec
 
 PRIVILEGED_PREFIX = "privileged/"
@@ -239,8 +239,7 @@ def collect_round(env: BatchedEnv, teacher: Policy, student: Policy | None, view
     plan = torch.zeros(B, act_steps, env.spec.action.dim, device=dev)
     cursor = torch.full((B,), act_steps, dtype=torch.long)
     stats = RoundStats()
-    bar = tqdm(total=episodes, desc=desc or "rollouts", leave=False, dynamic_ncols=True, file=sys.stderr,
-               disable=not desc)
+    bar = progress_bar(total=episodes, desc=desc or "rollouts", leave=False, disable=not desc)
     while stats.episodes < episodes:
         with torch.no_grad():
             label = teacher.predict_chunk(views.for_teacher(hist.last(teacher.config.obs_steps)))
@@ -436,8 +435,7 @@ def _distill(cfg: DistillConfig, student_cfg: PolicyConfig, teacher: Policy, tea
             log.log(0, {"eval/teacher_success_rate": result.success_rate})
             tqdm.write(f"teacher: success {result.success_rate:.2f} (95% CI {result.ci95[0]:.2f}-"
                        f"{result.ci95[1]:.2f}, {result.episodes} episodes)", file=sys.stderr)
-        bar = tqdm(range(start_round, cfg.rounds), desc="distill", initial=start_round, total=cfg.rounds,
-                   dynamic_ncols=True, file=sys.stderr)
+        bar = progress_bar(range(start_round, cfg.rounds), desc="distill", initial=start_round, total=cfg.rounds)
         for r in bar:
             beta = cfg.beta(r) if student is not None else 1.0
             t0 = time.perf_counter()
