@@ -34,8 +34,15 @@ class BatchedEnv(abc.ABC):
     def reset(self, seed: int | None = None, env_ids: torch.Tensor | None = None) -> Obs:
         """Reset all envs (`env_ids=None`) or only `env_ids` (long tensor of indices).
 
-        `seed` seeds the reset deterministically: env i gets seed `seed + i` (for partial resets, the
-        envs in `env_ids` get `seed + env_id`). Returns the observations of *all* envs.
+        Seeding rule, the same for every adapter and for CPU worker processes and ManiSkill's GPU backend
+        alike: a reset of all envs with a `seed` is reproducible (same seed, backend and `num_envs`, same
+        initial states); partial resets are not re-seeded (`ChunkedEnv` passes `seed=None`): each env's
+        next episode continues a random stream that the last seeded reset determined, so a whole run is
+        reproducible from one seed without the cost of re-seeding on every auto-reset. How the seed maps
+        to envs is the simulator's: adapters that hold one env per process or per simulator instance give
+        env i the seed `seed + i`; ManiSkill's GPU backend seeds the whole batch from `seed`. A run on CPU
+        workers and one on the GPU backend are therefore each reproducible, with equally distributed but
+        not identical initial states. Returns the observations of *all* envs.
         """
 
     @abc.abstractmethod

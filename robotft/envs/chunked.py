@@ -18,8 +18,10 @@ from robotft.specs import EnvSpec
 class ChunkedEnv:
     """Wrap `env` so observations are histories `[B, obs_steps, *shape]` and actions are chunks.
 
-    Per-episode seeds: `reset(seed)` seeds env i with `seed + i`; the k-th partial reset after it seeds
-    env i with `seed + k * num_envs + i`, so a whole run is reproducible from one seed.
+    Seeding (BatchedEnv.reset's rule): `reset(seed)` seeds every env; the partial resets of finished envs
+    pass no seed, and the simulator continues the random streams that seed determined, so a whole run is
+    reproducible from one seed and an auto-reset costs no re-seeding (on ManiSkill's GPU backend a seed
+    list rebuilds one RNG per env on every call).
     """
 
     def __init__(self, env: BatchedEnv, obs_steps: int, act_steps: int) -> None:
@@ -31,8 +33,6 @@ class ChunkedEnv:
         self.obs_steps = obs_steps
         self.act_steps = act_steps
         self._history: Obs = {}
-        self._seed: int | None = None
-        self._num_partial_resets = 0
         self._episode_return = torch.zeros(env.num_envs, device=env.device)
         self._episode_length = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
 
@@ -59,8 +59,6 @@ class ChunkedEnv:
 
     def reset(self, seed: int | None = None) -> Obs:
         """Reset every env; returns histories `[B, obs_steps, *shape]` padded with the first frame."""
-        self._seed = seed
-        self._num_partial_resets = 0
         self._history = self._pad(self.env.reset(seed=seed))
         self._episode_return.zero_()
         self._episode_length.zero_()
@@ -103,8 +101,10 @@ class ChunkedEnv:
             "episode_length": self._episode_length.clone(),
             "steps": B * self.act_steps,
         }
-        if done.any():
-            self._reset_done(done.nonzero().squeeze(-1))
+        # One host sync per chunk: the ids of the finished envs (ManiSkill's partial reset takes indices).
+        ids = done.nonzero().squeeze(-1)
+        if ids.numel():
+            self._reset_done(ids)
         return {k: v.clone() for k, v in self._history.items()}, reward_sum, terminated, truncated, info
 
     def render_rgb(self) -> torch.Tensor | None:
@@ -140,9 +140,7 @@ class ChunkedEnv:
             self._history[k] = torch.where(mask, rolled, self._history[k])
 
     def _reset_done(self, ids: torch.Tensor) -> None:
-        self._num_partial_resets += 1
-        seed = None if self._seed is None else self._seed + self._num_partial_resets * self.num_envs
-        obs = self.env.reset(seed=seed, env_ids=ids)
+        obs = self.env.reset(seed=None, env_ids=ids)
         for k, hist in self._pad({k: v[ids] for k, v in obs.items()}).items():
             self._history[k][ids] = hist
         self._episode_return[ids] = 0.0

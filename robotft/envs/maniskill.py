@@ -29,10 +29,11 @@ from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 INSTALL_HINT = "pip install robotft[maniskill]"
 
 
-def resolve_sim_backend(sim_backend: str) -> str:
-    """`auto` -> `physx_cuda` when CUDA is present, else `physx_cpu`."""
+def resolve_sim_backend(sim_backend: str, device: str | torch.device = "cpu") -> str:
+    """`auto` -> `physx_cuda` when the run's `device` is a CUDA device, else `physx_cpu` (so `--device cpu`
+    simulates on the CPU even on a GPU machine)."""
     if sim_backend == "auto":
-        return "physx_cuda" if torch.cuda.is_available() else "physx_cpu"
+        return "physx_cuda" if torch.device(device).type == "cuda" and torch.cuda.is_available() else "physx_cpu"
     if sim_backend not in ("physx_cpu", "physx_cuda"):
         raise ValueError(f"env.sim_backend {sim_backend!r}: expected auto, physx_cpu or physx_cuda")
     if sim_backend == "physx_cuda" and not torch.cuda.is_available():
@@ -48,11 +49,16 @@ class ManiSkillEnv(PooledEnv):
     Observations: obs_mode `state` -> `{"state": [B, D] float32}`; obs_mode `rgb` -> `rgb/<camera>`
     uint8 `[B, H, W, 3]` plus `state` (agent qpos/qvel and task extras, flattened). `info["success"]`
     is bool `[B]`; other per-env info entries of ManiSkill (e.g. `fail`) are passed through.
-    `reset(seed)` seeds env i with `seed + i`.
+
+    Seeding follows BatchedEnv's rule: `reset(seed)` of all envs is reproducible, partial resets pass no
+    seed to ManiSkill. The per-env mapping is ManiSkill's own: the GPU backend seeds the whole batch from
+    `seed` (its episode initialisation runs under `torch.manual_seed(seed)`), CPU worker i is a one-env
+    ManiSkill seeded with `seed + i`. So one seed gives reproducible runs on each backend, but not the
+    same initial states on both.
     """
 
     def __init__(self, cfg: EnvConfig, device: str | torch.device = "cpu") -> None:
-        sim_backend = resolve_sim_backend(cfg.sim_backend)
+        sim_backend = resolve_sim_backend(cfg.sim_backend, device)
         if sim_backend == "physx_cpu" and cfg.num_envs > 1:
             worker_cfg = dataclasses.replace(cfg, num_envs=1, sim_backend="physx_cpu")
             self._use(WorkerPool(_build_worker_env, worker_cfg, cfg.num_envs, device, "ManiSkill"))
@@ -73,9 +79,13 @@ class _RawManiSkill(BatchedEnv):
         self.obs_mode = cfg.obs_mode
         if cfg.obs_mode not in ("state", "rgb"):
             raise ValueError(f"env.obs_mode {cfg.obs_mode!r}: the ManiSkill adapter supports state and rgb")
-        if sim_backend == "physx_cuda" and self.device.index is not None:
-            # One GPU per torchrun rank: simulate on this process's GPU, not on ManiSkill's default cuda:0.
-            sim_backend = f"physx_cuda:{self.device.index}"
+        kwargs = dict(cfg.kwargs)
+        if sim_backend == "physx_cuda" and self.device.type == "cuda":
+            # One GPU per torchrun rank: simulate and render on this process's GPU, not on ManiSkill's
+            # default cuda:0 (`device` is `cuda:<LOCAL_RANK>` under torchrun, robotft.distributed).
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            sim_backend = f"physx_cuda:{index}"
+            kwargs.setdefault("render_backend", f"cuda:{index}")
         self._env = gym.make(
             cfg.task,
             num_envs=cfg.num_envs,
@@ -84,7 +94,7 @@ class _RawManiSkill(BatchedEnv):
             reward_mode=cfg.reward_mode,
             sim_backend=sim_backend,
             render_mode="rgb_array",
-            **cfg.kwargs,
+            **kwargs,
         ).unwrapped
         self._randomizer = None
         if cfg.randomization.active_physical():
@@ -98,6 +108,9 @@ class _RawManiSkill(BatchedEnv):
                 stacklevel=2,
             )
         self._elapsed = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
+        # Seeds the torch RNG under which unseeded resets initialise their episodes; reseeded by every
+        # seeded reset. Fresh entropy until then, as ManiSkill's own unseeded start.
+        self._reset_stream = torch.Generator().manual_seed(int(np.random.SeedSequence().generate_state(1)[0]))
         raw, _ = self._env.reset()
         first = self._convert_obs(raw)
         # The flat `state` has no structure left; the unflattened dict names each of its dimensions.
@@ -107,12 +120,24 @@ class _RawManiSkill(BatchedEnv):
         )
 
     def reset(self, seed: int | None = None, env_ids: torch.Tensor | None = None) -> Obs:
+        """A seeded reset goes to ManiSkill as one int (it seeds the batch from it). An unseeded reset,
+        which is what partial resets are, passes no seed: ManiSkill then rebuilds no per-env RNGs (with a
+        seed list it rebuilds one numpy RNG per env, twice, on every call, ~0.1 ms per env) and initialises
+        the episodes under the torch RNG, which is seeded here, in a fork, from a stream that the last
+        seeded reset seeded. So episodes after partial resets are reproducible from the seed, do not
+        consume the caller's torch RNG (the policy's sampling noise), and differ between CPU workers."""
         options = {} if env_ids is None else {"env_idx": env_ids.to(self._env.device, torch.long)}
         if self._randomizer is not None:
             options.update(self._randomizer.reset_options(seed))
-        # ManiSkill takes one seed per env (length num_envs); a partial reset uses only its envs' seeds.
-        seeds = None if seed is None else [seed + i for i in range(self.num_envs)]
-        obs, _ = self._env.reset(seed=seeds, options=options)
+        if seed is not None:
+            self._reset_stream.manual_seed(seed)
+            obs, _ = self._env.reset(seed=seed, options=options)
+        else:
+            episode_seed = int(torch.randint(0, 2**62, (1,), generator=self._reset_stream))
+            devices = [self._env.device] if self._env.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(episode_seed)
+                obs, _ = self._env.reset(options=options)
         ids = slice(None) if env_ids is None else env_ids.to(self.device, torch.long)
         self._elapsed[ids] = 0
         return self._convert_obs(obs)

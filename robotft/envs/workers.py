@@ -86,7 +86,8 @@ class WorkerPool(BatchedEnv):
     """`num_envs` worker processes, each running `build(worker_cfg)`, as one BatchedEnv.
 
     `name` labels the workers in errors and process names (e.g. `ManiSkill worker 1 (pid 123) died`).
-    `reset(seed)` seeds worker i with `seed + i`, exactly as a single env with that seed.
+    `reset(seed)` of all envs seeds worker i with `seed + i`, exactly as a single env with that seed; a
+    partial reset passes no seed (BatchedEnv.reset's rule), so each worker continues its own stream.
     """
 
     def __init__(
