@@ -224,6 +224,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     if args.json:
         print(json.dumps({"success_rate": result.success_rate, "ci95": [lo, hi], "episodes": result.episodes,
                           "mean_return": result.mean_return, "mean_length": result.mean_length,
+                          "success_once": result.success_once, "success_at_end": result.success_at_end,
                           "checkpoint": str(ckpt.path)}))
     return 0
 

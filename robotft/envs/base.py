@@ -57,6 +57,12 @@ class BatchedEnv(abc.ABC):
         """Optional `[B, H, W, 3]` uint8 frame for videos; None when the adapter cannot render."""
         return None
 
+    def render_env(self, i: int) -> torch.Tensor | None:
+        """`[H, W, 3]` uint8 frame of env `i` (videos record one env); None when the adapter cannot render.
+        Adapters that can render one env alone (one process per env) override this to skip the others."""
+        frame = self.render_rgb()
+        return None if frame is None else frame[i]
+
     def __enter__(self) -> BatchedEnv:
         return self
 

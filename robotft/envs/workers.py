@@ -170,6 +170,12 @@ class WorkerPool(BatchedEnv):
             return None
         return torch.from_numpy(np.concatenate(frames)).to(self.device)
 
+    def render_env(self, i: int) -> torch.Tensor | None:
+        """Env `i`'s frame from its worker alone: the other workers do not render."""
+        self._send(i, "render", None)
+        frame = self._recv(i)
+        return None if frame is None else torch.from_numpy(frame[0]).to(self.device)
+
     def close(self) -> None:
         for conn, proc in zip(self._conns, self._procs, strict=True):
             if proc.is_alive():
@@ -248,6 +254,9 @@ class PooledEnv(BatchedEnv):
 
     def render_rgb(self) -> torch.Tensor | None:
         return self._impl.render_rgb()
+
+    def render_env(self, i: int) -> torch.Tensor | None:
+        return self._impl.render_env(i)
 
     def close(self) -> None:
         self._impl.close()
