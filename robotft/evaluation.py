@@ -121,7 +121,7 @@ def evaluate(
         mean_length=float(lengths.T.reshape(-1)[order].float().mean()),
         seconds=time.perf_counter() - t0,
         env_steps=env_steps,
-        success_once=float(once_list.float().mean()),
+        success_once=int(once_list.sum()) / episodes,
         success_at_end=successes / episodes,
     )
 
