@@ -110,7 +110,8 @@ class _RawManiSkill(BatchedEnv):
         self._elapsed = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         # Seeds the torch RNG under which unseeded resets initialise their episodes; reseeded by every
         # seeded reset. Fresh entropy until then, as ManiSkill's own unseeded start.
-        self._reset_stream = torch.Generator().manual_seed(int(np.random.SeedSequence().generate_state(1)[0]))
+        # (numpy, so that drawing an episode seed is no tensor op: nothing to sync with a device)
+        self._reset_stream = np.random.default_rng()
         raw, _ = self._env.reset()
         first = self._convert_obs(raw)
         # The flat `state` has no structure left; the unflattened dict names each of its dimensions.
@@ -130,10 +131,10 @@ class _RawManiSkill(BatchedEnv):
         if self._randomizer is not None:
             options.update(self._randomizer.reset_options(seed))
         if seed is not None:
-            self._reset_stream.manual_seed(seed)
+            self._reset_stream = np.random.default_rng(seed)
             obs, _ = self._env.reset(seed=seed, options=options)
         else:
-            episode_seed = int(torch.randint(0, 2**62, (1,), generator=self._reset_stream))
+            episode_seed = int(self._reset_stream.integers(2**62))
             devices = [self._env.device] if self._env.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(episode_seed)

@@ -28,7 +28,6 @@ from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
 from robotft.policies.denoising_chain import (
     Chain,
     chain_transitions,
-    gaussian_logprob,
     gaussian_logprob_elementwise,
 )
 from robotft.policies.encoders import ObsEncoder, check_chunk, sinusoidal_embedding

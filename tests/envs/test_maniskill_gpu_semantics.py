@@ -12,10 +12,9 @@ from robotft.envs.factory import make_env
 from robotft.evaluation import evaluate
 
 pytest.importorskip("mani_skill")
+import maniskill_standin  # noqa: E402
 from mani_skill.utils.registration import TimeLimitWrapper  # noqa: E402
 from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv  # noqa: E402
-
-import maniskill_standin  # noqa: E402
 
 pytestmark = pytest.mark.gpu_semantics
 
