@@ -50,6 +50,11 @@ class BatchedEnv(abc.ABC):
         """Apply one action per env. Returns `(obs, reward, terminated, truncated, info)`;
         `info["success"]` is always present."""
 
+    def step_chunk(self, actions: torch.Tensor) -> list[tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict]]:
+        """`step` for each of `actions[:, t]` (`[B, T, act_dim]`), in order; the list of the T results.
+        Adapters whose steps cost a round trip (worker processes) override it to make one per chunk."""
+        return [self.step(actions[:, t]) for t in range(actions.shape[1])]
+
     def close(self) -> None:  # noqa: B027 - optional hook, most adapters hold no external resources
         """Release simulator resources (worker processes, renderers)."""
 

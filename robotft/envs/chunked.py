@@ -90,8 +90,10 @@ class ChunkedEnv:
         truncated = torch.zeros(B, dtype=torch.bool, device=dev)
         success = torch.zeros(B, dtype=torch.bool, device=dev)
         frames = []
+        # Rendering needs the env between steps; otherwise the whole chunk goes to the env at once.
+        results = self._step_chunk(chunk) if render_env is None else None
         for t in range(self.act_steps):
-            obs, reward, term, trunc, info = self.env.step(chunk[:, t])
+            obs, reward, term, trunc, info = results[t] if results is not None else self.env.step(chunk[:, t])
             reward_sum += torch.where(alive, reward.float(), 0.0)
             self._episode_length += alive.long()
             success = torch.where(alive, info["success"].bool(), success)
@@ -133,6 +135,11 @@ class ChunkedEnv:
 
     def close(self) -> None:
         self.env.close()
+
+    def _step_chunk(self, chunk: torch.Tensor) -> list[tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict]]:
+        """The env's results for the chunk's first `act_steps` actions (BatchedEnv.step_chunk: one worker round
+        trip per chunk where the env runs in worker processes)."""
+        return self.env.step_chunk(chunk[:, : self.act_steps])
 
     def _check_chunk(self, action_chunk: torch.Tensor) -> torch.Tensor:
         shape = tuple(action_chunk.shape)
