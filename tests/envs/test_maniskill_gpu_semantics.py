@@ -143,3 +143,12 @@ def test_evaluation_counts_only_the_requested_episodes_at_many_envs(gpu_env, tmp
     # the initial frame, then one per env step of env 0's first episode (it ends within the 10-step limit)
     assert 2 <= len(frames) <= 11
     assert np.asarray(frames[0]).shape[:2] == (16, 16)
+
+
+def test_auto_sim_backend_follows_the_run_device(monkeypatch):
+    from robotft.envs.maniskill import resolve_sim_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_sim_backend("auto", "cpu") == "physx_cpu"  # --device cpu on a GPU machine
+    assert resolve_sim_backend("auto", "cuda:1") == "physx_cuda"
+    assert resolve_sim_backend("physx_cuda", "cpu") == "physx_cuda"  # explicit stays explicit
