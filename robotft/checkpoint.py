@@ -39,6 +39,8 @@ META_FILE = "meta.json"
 STATE_TENSORS_FILE = "training_state.safetensors"
 STATE_JSON_FILE = "training_state.json"
 LATEST_LINK = "checkpoint"
+BEST_DIR = "best"
+"""A run's checkpoint with the highest evaluation success so far (beside the latest)."""
 KEEP_LAST = 2
 
 
@@ -164,6 +166,24 @@ def save_run_checkpoint(run_dir: str | Path, step: int, **kwargs: Any) -> Path:
     return ckpt
 
 
+def save_best_checkpoint(run_dir: str | Path, score: float, **kwargs: Any) -> Path | None:
+    """Write `run_dir/best` when `score` (evaluation success) beats the best saved so far; returns its path,
+    or None when it did not. The score is recorded as `best_score` in its meta.json."""
+    previous = best_score(run_dir)
+    if previous is not None and score <= previous:
+        return None
+    kwargs["meta"] = {**kwargs.get("meta", {}), "best_score": score}
+    return write_checkpoint(Path(run_dir) / BEST_DIR, **kwargs)
+
+
+def best_score(run_dir: str | Path) -> float | None:
+    """The evaluation success of `run_dir/best`, None when the run has no best checkpoint yet."""
+    meta = Path(run_dir) / BEST_DIR / META_FILE
+    if not meta.is_file():
+        return None
+    return float(_read_json(meta)["best_score"])
+
+
 def _remove_stale_temporaries(run_dir: Path) -> None:
     """Delete what a run killed in the middle of a save left behind (temp dirs and links)."""
     for folder in (run_dir, run_dir / "checkpoints"):
@@ -192,6 +212,22 @@ def resume_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 # -- reading ----------------------------------------------------------------------------------------
+
+
+def describe_choice(path: str | Path) -> str | None:
+    """For a run directory: one line saying which of its checkpoints loads (the latest) and where the best by
+    evaluation success is; None for a checkpoint directory."""
+    path = Path(path)
+    if (path / MODEL_FILE).is_file() or not (path / LATEST_LINK).exists():
+        return None
+    latest = _read_json(path / LATEST_LINK / META_FILE)
+    line = f"{path}: loading the latest checkpoint ({os.readlink(path / LATEST_LINK)}, step {latest.get('step')})"
+    score = best_score(path)
+    if score is not None:
+        best = _read_json(path / BEST_DIR / META_FILE)
+        line += (f"; the best by evaluation success ({score:.2f}, step {best.get('step')}) is "
+                 f"{path / BEST_DIR}")
+    return line
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

@@ -1,4 +1,4 @@
-"""`robotft pretrain | finetune | eval | deploy | data ...`: the command line.
+"""`robotft pretrain | finetune | eval | deploy | calibrate | data ...`: the command line.
 
 Every config field can be overridden with a dotted flag after the named options, e.g.
 `robotft finetune --from runs/bc --algo dppo --rl.clip_eps 0.02 --env.num_envs 4`.
@@ -161,8 +161,14 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
     if "type" not in policy_data:
         raise ConfigError(f"{policy_path}: missing key 'type' (the registered policy name)")
     policy_cfg = from_dict(policy_config_class(policy_data["type"]), policy_data, where=str(policy_path))
+    # The task's recipe goes over the policy preset and the training defaults; the user's flags over both.
+    recipe = env_cfg.recipe
+    policy_cfg = apply_overrides(policy_cfg, recipe.policy, prefix="env.recipe.policy.") if recipe.policy else policy_cfg
     policy_cfg = apply_overrides(policy_cfg, groups["policy"], prefix="policy.") if groups["policy"] else policy_cfg
-    train = TrainConfig(steps=args.steps, seed=args.seed)
+    train = TrainConfig(seed=args.seed)
+    train = apply_overrides(train, recipe.train, prefix="env.recipe.train.") if recipe.train else train
+    if args.steps is not None:
+        train = dataclasses.replace(train, steps=args.steps)
     train = apply_overrides(train, groups["train"], prefix="train.") if groups["train"] else train
     cfg = PretrainConfig(data=args.data, out=args.out, env=env_cfg, train=train)
     out = run_pretrain(cfg, policy_cfg, resume=args.resume)
@@ -173,7 +179,9 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.finetune import FinetuneConfig, run_finetune
 
-    groups = _split_overrides(parse_override_args(extra), ("env", "policy", "rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout", ""))
+    groups = _split_overrides(parse_override_args(extra), ("env", "policy", "rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout",
+                                                             "offpolicy", "dsrl", "pa_rl", "residual_sac", "filtered_bc",
+                                                             "kl_to_base", ""))
     env_cfg = None
     if args.env:
         env_cfg = load_env_config(args.env, groups["env"])
@@ -182,9 +190,12 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
 
         base = from_dict(EnvConfig, read_checkpoint(args.source).config["env"])
         env_cfg = apply_overrides(base, groups["env"], prefix="env.")
-    cfg = FinetuneConfig(source=args.source, out=args.out, algo=args.algo, env=env_cfg, seed=args.seed)
+    # The algorithm's own defaults for the PPO core (rl_defaults), under the user's flags.
+    cfg = FinetuneConfig.for_algorithm(args.algo, source=args.source, out=args.out, env=env_cfg, seed=args.seed)
     cfg.rl.iterations = args.iterations
-    section_overrides = {f"{s}.{k}": v for s in ("rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout") for k, v in groups[s].items()}
+    section_overrides = {f"{s}.{k}": v for s in ("rl", "dppo", "ppo", "residual_ppo", "reinflow", "flow_sde", "rollout",
+                                                       "offpolicy", "dsrl", "pa_rl", "residual_sac", "filtered_bc",
+                                                       "kl_to_base") for k, v in groups[s].items()}
     section_overrides.update(groups[""])
     cfg = apply_overrides(cfg, section_overrides) if section_overrides else cfg
     out = run_finetune(cfg, policy_overrides=groups["policy"], resume=args.resume)
@@ -194,13 +205,17 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
-    from robotft.checkpoint import load_policy
+    from robotft.checkpoint import describe_choice, load_policy
     from robotft.config import resolve_device
     from robotft.envs.chunked import ChunkedEnv
     from robotft.envs.factory import make_env
-    from robotft.evaluation import evaluate
+    from robotft.evaluation import EVAL_SEED, evaluate
+    from robotft.specs import check_policy_fits_env
 
     device = resolve_device(args.device)
+    choice = describe_choice(args.checkpoint)
+    if choice:
+        print(choice, file=sys.stderr)
     policy, ckpt = load_policy(args.checkpoint, device=device)
     env_overrides = _split_overrides(parse_override_args(extra), ("env",))["env"]
     for item in args.env_override or []:
@@ -213,9 +228,10 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     env_cfg = apply_overrides(env_cfg, env_overrides, prefix="env.") if env_overrides else env_cfg
     env = make_env(env_cfg, device=device)
     try:
+        check_policy_fits_env(ckpt.spec, env.spec, str(ckpt.path))
         chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
         result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, args.episodes,
-                          seed=args.seed, video_path=args.video)
+                          seed=EVAL_SEED if args.seed is None else args.seed, video_path=args.video)
     finally:
         env.close()
     lo, hi = result.ci95
@@ -304,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--env", required=True)
     pre.add_argument("--policy", required=True, help="policy preset, e.g. diffusion_mlp")
     pre.add_argument("--data", required=True)
-    pre.add_argument("--steps", type=int, default=2000)
+    pre.add_argument("--steps", type=int, default=None,
+                     help="gradient steps (default: the task recipe's, else train.steps' default)")
     pre.add_argument("--out", required=True)
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
@@ -324,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("checkpoint")
     ev.add_argument("--episodes", type=int, default=50)
     ev.add_argument("--num-envs", type=int, default=1)
-    ev.add_argument("--seed", type=int, default=12345)
+    ev.add_argument("--seed", type=int, default=None,
+                    help="seed of the evaluation start states (default: the ones pretrain and finetune evaluate on)")
     ev.add_argument("--env", default=None, help="env preset (default: the checkpoint's env)")
     ev.add_argument("--env-override", action="append", help="KEY=VALUE applied to the env config")
     ev.add_argument("--video", default=None, help="write an MP4 of the first env's episodes")
@@ -348,6 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--device", default="auto")
     _add_write_mode(dep)
     dep.set_defaults(func=cmd_deploy)
+
+    from robotft.real_robot.calibrate import add_cli as add_calibrate
+
+    add_calibrate(sub)
     return p
 
 

@@ -289,6 +289,20 @@ class DomainRandomizationConfig:
 
 
 @dataclasses.dataclass
+class TaskRecipe:
+    """What BC needs on this task, measured: policy and training fields that `robotft pretrain` applies over
+    the policy preset and the training defaults, under any flag the user passes (`--policy.horizon_steps 4`
+    still wins). Example (PickCube): `policy: {obs_steps: 2, horizon_steps: 8, act_steps: 4}`, `train:
+    {steps: 8000}`."""
+
+    policy: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Policy config fields (e.g. `obs_steps`, `horizon_steps`, `act_steps`); a field the chosen policy type
+    does not have is an error naming it."""
+    train: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """BC training fields (`TrainConfig`, e.g. `steps`)."""
+
+
+@dataclasses.dataclass
 class EnvConfig:
     """A simulated task: which simulator, which task, how it is controlled and observed."""
 
@@ -317,6 +331,8 @@ class EnvConfig:
     """Extra keyword arguments passed to the simulator's constructor."""
     randomization: DomainRandomizationConfig = dataclasses.field(default_factory=DomainRandomizationConfig)
     """Domain randomization applied at reset; the defaults change nothing."""
+    recipe: TaskRecipe = dataclasses.field(default_factory=TaskRecipe)
+    """BC policy and training fields measured to work on this task (applied by `robotft pretrain`)."""
 
     def __post_init__(self) -> None:
         if self.num_envs < 1:

@@ -19,6 +19,10 @@ import torch
 from robotft.envs.base import Obs
 from robotft.envs.chunked import ChunkedEnv
 
+EVAL_SEED = 1_000_000
+"""Seed of the evaluation start states shared by `pretrain`, `finetune` and `robotft eval` (by default), so
+their success rates are measured on the same episodes and compare."""
+
 
 @dataclass
 class EvalResult:

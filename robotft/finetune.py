@@ -24,28 +24,39 @@ from robotft.config import EnvConfig, from_dict, resolve_device, to_dict
 from robotft.datasets.normalizer import Normalizer
 from robotft.distributed import DistContext, distributed
 from robotft.envs.chunked import ChunkedEnv
-from robotft.evaluation import EvalResult, evaluate
+from robotft.evaluation import EVAL_SEED, EvalResult, evaluate
 from robotft.policies.base import Policy, build_policy, policy_config_class
 from robotft.rl.algorithm import Algorithm
 from robotft.rl.critic import ValueCritic
 from robotft.rl.dppo import DPPO, DPPOConfig
+from robotft.rl.dsrl import DSRL, DSRLConfig
+from robotft.rl.filtered_bc import FilteredBC, FilteredBCConfig
 from robotft.rl.flow_sde import FlowSDE, FlowSDEConfig
 from robotft.rl.gaussian_ppo import GaussianPPO, GaussianPPOConfig
+from robotft.rl.kl_monitor import KLMonitorConfig, KLToBase
+from robotft.rl.offpolicy import OffPolicyAlgorithm, OffPolicyConfig
+from robotft.rl.pa_rl import PARL, PARLConfig
 from robotft.rl.ppo import PPO, PPOConfig
 from robotft.rl.reinflow import ReinFlow, ReinFlowConfig
 from robotft.rl.residual_ppo import ResidualPPO, ResidualPPOConfig
+from robotft.rl.residual_sac import ResidualSAC, ResidualSACConfig
 from robotft.rl.rollout import RolloutConfig
 from robotft.runlog import NullLogger, RunLogger, plot_curves, read_metrics
-from robotft.specs import EnvSpec
+from robotft.specs import EnvSpec, check_policy_fits_env
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
+ALGORITHMS: dict[str, type[Algorithm] | type[OffPolicyAlgorithm]] = {
     "dppo": DPPO,
     "ppo": GaussianPPO,
     "residual_ppo": ResidualPPO,
     "reinflow": ReinFlow,
     "flow_sde": FlowSDE,
+    "dsrl": DSRL,
+    "pa_rl": PARL,
+    "residual_sac": ResidualSAC,
+    "filtered_bc": FilteredBC,
 }
-"""`--algo` name → algorithm class; each reads the FinetuneConfig section of the same name."""
+"""`--algo` name → algorithm class; each reads the FinetuneConfig section of the same name. Off-policy algorithms
+(`core = "offpolicy"`) run in robotft.finetune_offpolicy."""
 
 
 @dataclasses.dataclass
@@ -66,6 +77,14 @@ class FinetuneConfig:
     residual_ppo: ResidualPPOConfig = dataclasses.field(default_factory=ResidualPPOConfig)
     reinflow: ReinFlowConfig = dataclasses.field(default_factory=ReinFlowConfig)
     flow_sde: FlowSDEConfig = dataclasses.field(default_factory=FlowSDEConfig)
+    offpolicy: OffPolicyConfig = dataclasses.field(default_factory=OffPolicyConfig)
+    """The off-policy core (dsrl, pa_rl, residual_sac, filtered_bc); their iterations are `rl.iterations`."""
+    dsrl: DSRLConfig = dataclasses.field(default_factory=DSRLConfig)
+    pa_rl: PARLConfig = dataclasses.field(default_factory=PARLConfig)
+    residual_sac: ResidualSACConfig = dataclasses.field(default_factory=ResidualSACConfig)
+    filtered_bc: FilteredBCConfig = dataclasses.field(default_factory=FilteredBCConfig)
+    kl_to_base: KLMonitorConfig = dataclasses.field(default_factory=KLMonitorConfig)
+    """The `train/kl_to_base` monitor (robotft.rl.kl_monitor), logged by every algorithm."""
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     """Where rollouts run: in this process (default) or on Ray env workers (robotft.rl.rollout)."""
     eval_every: int = 5
@@ -80,14 +99,30 @@ class FinetuneConfig:
     save_every: int = 5
     """Iterations between checkpoints (the last is always saved)."""
     seed: int = 0
+    """Seed of rollouts and sampling (evaluations always use the shared evaluation start states)."""
     device: str = "auto"
+    """`auto`, `cpu` or `cuda`."""
+
+    @classmethod
+    def for_algorithm(cls, algo: str, **fields: Any) -> FinetuneConfig:
+        """A config for `--algo algo` whose `rl.` section holds that algorithm's own defaults (its
+        `rl_defaults`, from its paper) instead of the PPO core's; `fields` set the other fields. Apply user
+        overrides on top of the result, so that a flag the user passes always wins."""
+        if algo not in ALGORITHMS:
+            raise ValueError(f"unknown --algo {algo!r}; available: {list(ALGORITHMS)}")
+        rl = PPOConfig(**ALGORITHMS[algo].rl_defaults)
+        offpolicy = OffPolicyConfig(**getattr(ALGORITHMS[algo], "offpolicy_defaults", {}))
+        return cls(algo=algo, rl=rl, offpolicy=offpolicy, **fields)
 
 
-def make_algorithm(name: str, policy: Policy, cfg: FinetuneConfig) -> Algorithm:
-    """The algorithm `--algo name` over `policy`, configured by the FinetuneConfig section of the same name."""
+def make_algorithm(name: str, policy: Policy, cfg: FinetuneConfig) -> Algorithm | OffPolicyAlgorithm:
+    """The algorithm `--algo name` over `policy`, configured by the FinetuneConfig section of the same name
+    (and `rl.logprob_reduction`)."""
     if name not in ALGORITHMS:
         raise ValueError(f"unknown --algo {name!r}; available: {list(ALGORITHMS)}")
-    return ALGORITHMS[name](policy, getattr(cfg, name))
+    algo = ALGORITHMS[name](policy, getattr(cfg, name))
+    algo.logprob_reduction = cfg.rl.logprob_reduction
+    return algo
 
 
 def make_critic(policy: Policy, spec: EnvSpec, normalizer: Normalizer, cfg: FinetuneConfig,
@@ -110,6 +145,10 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
 
     Under torchrun every rank collects from its own envs (seeded by rank) and gradients are averaged across
     ranks (robotft.distributed); rank 0 evaluates and writes checkpoints and logs."""
+    if getattr(ALGORITHMS.get(cfg.algo), "core", "ppo") == "offpolicy":
+        from robotft.finetune_offpolicy import run_offpolicy_finetune
+
+        return run_offpolicy_finetune(cfg, policy_overrides, resume)
     if cfg.rollout.backend == "ray" and cfg.rl.reward_scale:
         raise ValueError("rl.reward_scale is not supported with rollout.backend ray: the running return "
                          "statistics would differ between workers; use rollout.backend inprocess")
@@ -145,6 +184,8 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
 
     # With Ray the training envs live on the workers; the learner only holds evaluation envs (rank 0).
     env = make_env(env_cfg, device=device) if cfg.rollout.backend == "inprocess" else None
+    if env is not None:
+        check_policy_fits_env(source.spec, env.spec, str(source.path))
     chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps) if env is not None else None
     eval_env = env
     if ctx.is_main and cfg.eval_episodes > 0 and (cfg.eval_num_envs or env is None):
@@ -153,8 +194,10 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     chunked_eval = ChunkedEnv(eval_env, policy.config.obs_steps, policy.config.act_steps) if eval_env is not None else None
     critic = make_critic(policy, source.spec, source.normalizer, cfg, algo).to(device)
     ppo = PPO(algo, critic, chunked, cfg.rl, seed=seed, dist=ctx, device=device)
+    kl_monitor = KLToBase(policy, cfg.kl_to_base if ctx.is_main else KLMonitorConfig(num_obs=0))
     if resuming:
         ppo.load_state_dict(source.training_state()["ppo"])
+        kl_monitor.load_state_dict(source.training_state().get("kl_to_base"))
         if ppo.iteration >= cfg.rl.iterations:
             raise ValueError(f"{previous} is at iteration {ppo.iteration} and --iterations is {cfg.rl.iterations}: "
                              "nothing to resume (raise --iterations to train longer)")
@@ -183,38 +226,54 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     def run_eval() -> EvalResult:
         policy.eval()
         result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked_eval,
-                          cfg.eval_episodes, seed=cfg.seed + 1_000_000)
+                          cfg.eval_episodes, seed=EVAL_SEED)
         if eval_env is env:
             ppo.restart_episodes()  # evaluation left the shared envs mid-episode
         return result
 
-    def save(metrics: dict[str, Any]) -> None:
-        ckpt_io.save_run_checkpoint(
-            out, ppo.iteration,
+    def checkpoint_contents(metrics: dict[str, Any]) -> dict[str, Any]:
+        return dict(
             model_state=policy.state_dict(),
             config={"policy": to_dict(policy.config), "env": to_dict(env_cfg), "spec": source.spec.to_dict(),
                     "run": run_config},
             normalizer=source.normalizer,
             meta={"stage": "finetune", "step": ppo.iteration, "env_steps": ppo.env_steps, "metrics": metrics,
                   "algo": cfg.algo, "source": origin, "wall_seconds": wall_seconds()},
-            training_state={"ppo": ppo.state_dict()},
+            training_state={"ppo": ppo.state_dict(), "kl_to_base": kl_monitor.state_dict()},
         )
+
+    def save(metrics: dict[str, Any]) -> None:
+        ckpt_io.save_run_checkpoint(out, ppo.iteration, **checkpoint_contents(metrics))
+
+    def evaluate_and_keep_best(when: str) -> dict[str, Any]:
+        """Evaluate, log, and write `out/best` when the success rate is the best of the run so far."""
+        result = run_eval()
+        metrics = _log_eval(log, ppo, result, when, wall_seconds())
+        if ckpt_io.save_best_checkpoint(out, result.success_rate, **checkpoint_contents(metrics)) is not None:
+            tqdm.write(f"best so far: {out / ckpt_io.BEST_DIR} (success {result.success_rate:.2f})", file=sys.stderr)
+        return metrics
 
     metrics: dict[str, Any] = {}
     try:
         logger = RunLogger(out, resume_step=ppo.env_steps if resuming else None) if ctx.is_main else NullLogger()
         with logger as log:
             if ctx.is_main and cfg.eval_episodes > 0 and ppo.iteration == 0:
-                metrics = _log_eval(log, ppo, run_eval(), "before fine-tuning", wall_seconds())
+                metrics = evaluate_and_keep_best("before fine-tuning")
             bar = tqdm(range(ppo.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]", initial=ppo.iteration,
                        total=cfg.rl.iterations, dynamic_ncols=True, file=sys.stderr, disable=not ctx.is_main)
             for _ in bar:
                 buf, next_value, stats = ppo.collect() if collector is None else collector.collect(ppo)
+                kl_to_base = kl_monitor.estimate(buf.obs)  # the policy that collected this rollout
                 t0 = time.perf_counter()
-                update = ppo.update(buf, next_value)
+                update = ppo.update(buf, next_value, signal=stats.signal)
                 update_s = time.perf_counter() - t0
+                if update["actor_skipped_no_signal"] and ctx.is_main:
+                    tqdm.write(f"iteration {ppo.iteration}: no success and a constant reward in the rollout, so no "
+                               "learning signal: the actor was not updated (rl.skip_no_signal); consider a dense "
+                               "reward or a stronger starting policy", file=sys.stderr)
                 scalars = {f"train/{k}": v for k, v in update.items()}
                 scalars.update({
+                    "train/kl_to_base": kl_to_base,
                     "train/env_steps_per_s": stats.env_steps / max(stats.seconds, 1e-9),
                     "train/update_seconds": update_s,
                     "train/env_steps": ppo.env_steps,
@@ -228,7 +287,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                                 kl=f"{update.get('approx_kl', 0.0):.3f}")
                 last = ppo.iteration == cfg.rl.iterations
                 if ctx.is_main and cfg.eval_episodes > 0 and (last or ppo.iteration % cfg.eval_every == 0):
-                    metrics = _log_eval(log, ppo, run_eval(), f"iteration {ppo.iteration}", wall_seconds())
+                    metrics = evaluate_and_keep_best(f"iteration {ppo.iteration}")
                 if ctx.is_main and (last or ppo.iteration % cfg.save_every == 0):
                     save(metrics)
             bar.close()

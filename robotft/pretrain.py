@@ -24,6 +24,7 @@ from robotft.datasets.normalizer import Normalizer
 from robotft.datasets.sampler import SequenceSampler, infinite_batches
 from robotft.datasets.store import ReplayBuffer
 from robotft.distributed import DistContext, distributed
+from robotft.evaluation import EVAL_SEED
 from robotft.policies.base import Policy, PolicyConfig, build_policy
 from robotft.policies.vision import image_encoder_without_file
 from robotft.runlog import NullLogger, RunLogger
@@ -221,7 +222,7 @@ def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, ctx: 
             )
             if want_eval:
                 result = evaluate_in_env(policy, cfg.env, cfg.train.eval_episodes, cfg.train.eval_num_envs,
-                                         cfg.train.seed + 1_000_000, device, make_env)
+                                         EVAL_SEED, device, make_env)
                 metrics = {"success_rate": result.success_rate, "ci95": list(result.ci95),
                            "mean_return": result.mean_return}
                 log.log(done, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return})

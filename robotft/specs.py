@@ -105,3 +105,17 @@ class EnvSpec:
             observations={k: FeatureSpec.from_dict(v) for k, v in d.get("observations", {}).items()},
             action=None if d.get("action") is None else ActionSpec.from_dict(d["action"]),
         )
+
+
+def check_policy_fits_env(policy_spec: EnvSpec, env_spec: EnvSpec, where: str) -> None:
+    """Refuse to run a policy trained on `policy_spec` (from its checkpoint) in an env whose actions mean
+    something else: a different control mode or action size. `where` names the checkpoint."""
+    if policy_spec.action is None or env_spec.action is None:
+        return
+    trained, env = policy_spec.action, env_spec.action
+    if trained.control_mode and env.control_mode and trained.control_mode != env.control_mode:
+        raise ValueError(f"{where}: the policy was trained with control mode {trained.control_mode!r} but the env "
+                         f"uses {env.control_mode!r}; evaluate and fine-tune in the checkpoint's control mode "
+                         f"(--env.control_mode {trained.control_mode})")
+    if trained.dim != env.dim:
+        raise ValueError(f"{where}: the policy outputs {trained.dim}-d actions but the env takes {env.dim}-d ones")

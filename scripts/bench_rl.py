@@ -1,14 +1,18 @@
-"""Benchmark of the RL fine-tuning algorithms on one ManiSkill task (issue #4): success rate against env steps
-and against wall-clock for DPPO, ReinFlow, Flow-SDE and residual PPO from the same BC checkpoints, and
-Gaussian PPO from scratch, over several seeds. Everything runs through the real CLI.
+"""The fine-tuning benchmark on one task: success rate against env steps and against wall-clock for DPPO,
+ReinFlow, Flow-SDE, residual PPO and Gaussian PPO from the same BC checkpoints, and Gaussian PPO from scratch,
+over several seeds. Everything runs through the real CLI with each algorithm's own defaults; the BC uses the
+task preset's recipe (controller, observation history, horizons, steps).
 
-Stages (each skipped when its output exists, so an interrupted benchmark continues where it stopped):
-  motion-planned demos → diffusion BC and flow BC (shared by every seed) → a zero-initialised residual on the
-  diffusion BC and a freshly initialised Gaussian policy → one fine-tuning run per algorithm and seed.
-Writes `<out>/bench_rl.json` (per-run curves and the mean over seeds) and `<out>/bench_rl.png` (two panels:
-success vs env steps and vs wall-clock), and prints the table.
+Stages (each skipped when its output exists, so an interrupted benchmark continues where it stopped, and a
+larger `--iterations` extends finished runs):
+  motion-planned demos → diffusion, flow and Gaussian BC (shared by every seed) → a zero-initialised residual on
+  the diffusion BC and a freshly initialised Gaussian policy → one fine-tuning run per method and seed → a final
+  evaluation of every BC and of every run's best checkpoint on `--final-episodes` (100) shared start states.
+Writes `<out>/bench_rl.json` (per-run curves, final evaluations with 95% CIs, the mean over seeds) and
+`<out>/bench_rl.png` (success vs env steps and vs wall-clock, with 95% CI bands of the seeds' pooled
+episodes), and prints the README table.
 
-    python scripts/bench_rl.py --budget cpu                      # this machine: 2 worker envs, minutes per run
+    python scripts/bench_rl.py --env maniskill/pick_cube --methods dppo,residual_ppo     # this machine
     python scripts/bench_rl.py --budget gpu --out runs/bench_rl_gpu   # ManiSkill GPU sim, hundreds of envs
     python scripts/bench_rl.py --budget smoke --out /tmp/bench_rl     # seconds per stage: checks the script
 """
@@ -33,22 +37,23 @@ from robotft.runlog import read_metrics  # noqa: E402
 
 BUDGETS = {
     "smoke": dict(demos=4, bc_steps=20, iterations=1, num_envs=1, steps_per_iter=5, eval_episodes=2, eval_every=1,
-                  sim_backend="physx_cpu", device="cpu"),
-    "cpu": dict(demos=100, bc_steps=3000, iterations=8, num_envs=2, steps_per_iter=25, eval_episodes=20,
-                eval_every=4, sim_backend="physx_cpu", device="cpu"),
-    "gpu": dict(demos=100, bc_steps=20000, iterations=100, num_envs=256, steps_per_iter=25, eval_episodes=256,
-                eval_every=10, sim_backend="physx_cuda", device="cuda"),
+                  final_episodes=2, sim_backend="physx_cpu", device="cpu"),
+    "cpu": dict(demos=200, bc_steps=0, iterations=40, num_envs=4, steps_per_iter=50, eval_episodes=50,
+                eval_every=10, final_episodes=100, sim_backend="physx_cpu", device="cpu"),
+    "gpu": dict(demos=200, bc_steps=0, iterations=100, num_envs=256, steps_per_iter=25, eval_episodes=256,
+                eval_every=10, final_episodes=256, sim_backend="physx_cuda", device="cuda"),
 }
-"""`--budget` presets; any single flag overrides its field."""
+"""`--budget` presets; any single flag overrides its field. `bc_steps` 0 takes the task recipe's."""
 
-ALGORITHMS = {
-    "dppo": "diffusion_bc",
-    "reinflow": "flow_bc",
-    "flow_sde": "flow_bc",
-    "residual_ppo": "residual",
-    "ppo": "gaussian_init",
+METHODS = {
+    "dppo": ("dppo", "diffusion_bc"),
+    "reinflow": ("reinflow", "flow_bc"),
+    "flow_sde": ("flow_sde", "flow_bc"),
+    "residual_ppo": ("residual_ppo", "residual"),
+    "ppo_bc": ("ppo", "gaussian_bc"),
+    "ppo_scratch": ("ppo", "gaussian_init"),
 }
-"""Algorithm → the checkpoint it starts from (the first three share their BC; Gaussian PPO is from scratch)."""
+"""Method → (`--algo`, the checkpoint it starts from). Gaussian PPO runs from its BC and from scratch."""
 
 
 def _parse() -> argparse.Namespace:
@@ -56,7 +61,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--budget", choices=list(BUDGETS), default="cpu")
     p.add_argument("--out", default="runs/bench_rl")
     p.add_argument("--env", default="maniskill/pick_cube")
-    p.add_argument("--algos", default=",".join(ALGORITHMS), help="comma-separated subset of " + ",".join(ALGORITHMS))
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--baseline-reward", default="normalized_dense",
                    help="reward mode of Gaussian PPO from scratch (ManiSkill's PPO baseline uses normalized_dense; "
@@ -68,9 +73,9 @@ def _parse() -> argparse.Namespace:
     for field, value in BUDGETS[args.budget].items():
         if getattr(args, field) is None:
             setattr(args, field, value)
-    unknown = set(args.algos.split(",")) - set(ALGORITHMS)
+    unknown = set(args.methods.split(",")) - set(METHODS)
     if unknown:
-        p.error(f"unknown --algos {sorted(unknown)}; available: {list(ALGORITHMS)}")
+        p.error(f"unknown --methods {sorted(unknown)}; available: {list(METHODS)}")
     return args
 
 
@@ -82,47 +87,76 @@ def _once(path: Path, name: str, argv: list[str], stages: dict) -> None:
     run_stage(name, argv, stages)
 
 
-def _sources(args: argparse.Namespace, out: Path, stages: dict) -> dict[str, Path]:
-    """The demos and the four starting checkpoints."""
+def _sources(args: argparse.Namespace, out: Path, stages: dict, needed: set[str]) -> dict[str, Path]:
+    """The demos and the starting checkpoints the chosen methods need (BCs with the task recipe)."""
     demos = out / "demos.zarr"
     _once(demos, "generate", ["data", "generate", "--env", args.env, "--episodes", str(args.demos), "--out",
                               str(demos), "--seed", "0"], stages)
     common = ["--env", args.env, "--data", str(demos), "--train.eval_episodes", "0", "--train.device", args.device]
-    paths = {name: out / name for name in ("diffusion_bc", "flow_bc", "residual", "gaussian_init")}
-    _once(paths["diffusion_bc"], "pretrain_diffusion",
-          ["pretrain", *common, "--policy", "diffusion_mlp", "--steps", str(args.bc_steps), "--out",
-           str(paths["diffusion_bc"])], stages)
-    _once(paths["flow_bc"], "pretrain_flow",
-          ["pretrain", *common, "--policy", "flow_transformer", "--steps", str(args.bc_steps), "--out",
-           str(paths["flow_bc"])], stages)
-    # ResiP: a zero-initialised residual over the diffusion BC (one step at learning rate 0 writes it).
+    steps = ["--steps", str(args.bc_steps)] if args.bc_steps else []
+    paths = {name: out / name for name in ("diffusion_bc", "flow_bc", "gaussian_bc", "residual", "gaussian_init")}
+    for name, policy in (("diffusion_bc", "diffusion_mlp"), ("flow_bc", "flow_transformer"),
+                         ("gaussian_bc", "gaussian_mlp")):
+        if name in needed or (name == "diffusion_bc" and "residual" in needed):
+            _once(paths[name], f"pretrain_{name}",
+                  ["pretrain", *common, "--policy", policy, *steps, "--out", str(paths[name])], stages)
+    # ResiP: a zero-initialised residual over the diffusion BC (one step at learning rate 0 writes it), with the
+    # base's observation history and horizons.
+    base = json.loads((paths["diffusion_bc"] / "checkpoint" / "config.json").read_text())["policy"] \
+        if "residual" in needed else {}
     preset = out / "residual.yaml"
-    preset.write_text(f"type: residual\nbase_checkpoint: {paths['diffusion_bc']}\nobs_steps: 1\nhorizon_steps: 4\n"
-                      "act_steps: 4\nhidden_dims: [256, 256]\n")
-    _once(paths["residual"], "residual_init",
-          ["pretrain", *common, "--policy", str(preset), "--steps", "1", "--train.lr", "0", "--out",
-           str(paths["residual"])], stages)
+    preset.write_text(f"type: residual\nbase_checkpoint: {paths['diffusion_bc']}\n"
+                      f"obs_steps: {base.get('obs_steps', 1)}\nhorizon_steps: {base.get('horizon_steps', 4)}\n"
+                      f"act_steps: {base.get('act_steps', 4)}\nhidden_dims: [256, 256]\n")
+    if "residual" in needed:
+        _once(paths["residual"], "residual_init",
+              ["pretrain", *common, "--policy", str(preset), "--steps", "1", "--train.lr", "0", "--out",
+               str(paths["residual"])], stages)
     # Gaussian PPO from scratch: fresh weights; the demos only provide the normalizer's statistics.
-    _once(paths["gaussian_init"], "gaussian_init",
-          ["pretrain", *common, "--policy", "gaussian_mlp", "--steps", "1", "--train.lr", "0", "--out",
-           str(paths["gaussian_init"])], stages)
+    if "gaussian_init" in needed:
+        _once(paths["gaussian_init"], "gaussian_init",
+              ["pretrain", *common, "--policy", "gaussian_mlp", "--steps", "1", "--train.lr", "0", "--out",
+               str(paths["gaussian_init"])], stages)
     return paths
 
 
-def _finetune(args: argparse.Namespace, algo: str, seed: int, source: Path, run: Path, stages: dict) -> None:
+def _finetune_argv(args: argparse.Namespace, algo: str, seed: int, source: Path, run: Path) -> list[str]:
     argv = ["finetune", "--from", str(source), "--algo", algo, "--out", str(run), "--iterations",
             str(args.iterations), "--env.num_envs", str(args.num_envs), "--env.sim_backend", args.sim_backend,
             "--rl.steps_per_iter", str(args.steps_per_iter), "--device", args.device, "--eval_every",
             str(args.eval_every), "--eval_episodes", str(args.eval_episodes), "--seed", str(seed)]
-    if algo == "ppo":
+    if source.name == "gaussian_init":
         argv += ["--env.reward_mode", args.baseline_reward]
+    return argv
+
+
+def _finetune(argv: list[str], name: str, run: Path, iterations: int, stages: dict) -> None:
     if (run / "checkpoint").exists():
         done = json.loads((run / "checkpoint" / "meta.json").read_text())["step"]
-        if done >= args.iterations:
-            print(f"[{algo} seed {seed}] exists: {run}", flush=True)
+        if done >= iterations:
+            print(f"[{name}] exists: {run}", flush=True)
             return
-        argv.append("--resume")
-    run_stage(f"{algo}_seed{seed}", argv, stages)
+        argv = [*argv, "--resume"]
+    run_stage(name, argv, stages)
+
+
+def _final_eval(args: argparse.Namespace, checkpoint: Path, stages: dict) -> dict:
+    """`robotft eval` of `checkpoint` on `final_episodes` shared start states (cached beside it)."""
+    cache = checkpoint.parent / f"final_eval_{checkpoint.name}.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    stdout = run_stage(f"eval_{checkpoint.parent.name}_{checkpoint.name}",
+                       ["eval", str(checkpoint), "--episodes", str(args.final_episodes), "--num-envs",
+                        str(min(args.num_envs, 4)), "--device", args.device, "--json"], stages)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    cache.write_text(json.dumps(result))
+    return result
+
+
+def _pooled_ci(rate: float, n: int) -> list[float]:
+    from robotft.evaluation import wilson_interval
+
+    return list(wilson_interval(round(rate * n), n))
 
 
 def _curve(run: Path) -> list[dict]:
@@ -131,14 +165,19 @@ def _curve(run: Path) -> list[dict]:
             for r in read_metrics(run) if "eval/success_rate" in r]
 
 
-def _mean_curve(curves: list[list[dict]]) -> list[dict]:
-    """Mean and min/max over seeds at each evaluation (seeds evaluate at the same iterations)."""
+def _mean_curve(curves: list[list[dict]], episodes: int) -> list[dict]:
+    """Mean, min/max and the 95% Wilson interval of the pooled episodes over seeds at each evaluation (seeds
+    evaluate at the same iterations, `episodes` each)."""
     n = min(len(c) for c in curves)
-    return [{"env_steps": curves[0][i]["env_steps"],
-             "wall_seconds": float(np.mean([c[i]["wall_seconds"] for c in curves])),
-             "success_mean": float(np.mean([c[i]["success_rate"] for c in curves])),
-             "success_min": min(c[i]["success_rate"] for c in curves),
-             "success_max": max(c[i]["success_rate"] for c in curves)} for i in range(n)]
+    out = []
+    for i in range(n):
+        mean = float(np.mean([c[i]["success_rate"] for c in curves]))
+        out.append({"env_steps": curves[0][i]["env_steps"],
+                    "wall_seconds": float(np.mean([c[i]["wall_seconds"] for c in curves])),
+                    "success_mean": mean, "ci95": _pooled_ci(mean, episodes * len(curves)),
+                    "success_min": min(c[i]["success_rate"] for c in curves),
+                    "success_max": max(c[i]["success_rate"] for c in curves)})
+    return out
 
 
 def _plot(summary: dict, path: Path, title: str) -> None:
@@ -153,9 +192,9 @@ def _plot(summary: dict, path: Path, title: str) -> None:
         for ax, x_key in zip(axes, ("env_steps", "wall_seconds"), strict=True):
             x = [p[x_key] for p in curve]
             (line,) = ax.plot(x, [p["success_mean"] for p in curve], marker="o", label=algo)
-            ax.fill_between(x, [p["success_min"] for p in curve], [p["success_max"] for p in curve],
+            ax.fill_between(x, [p["ci95"][0] for p in curve], [p["ci95"][1] for p in curve],
                             color=line.get_color(), alpha=0.15)
-    axes[0].set(xlabel="env steps", ylabel="eval success rate (mean over seeds, min-max band)")
+    axes[0].set(xlabel="env steps", ylabel="eval success rate (mean over seeds, 95% CI band)")
     axes[1].set(xlabel="wall-clock seconds of fine-tuning")
     axes[0].set_ylim(-0.02, 1.02)
     axes[0].legend()
@@ -171,27 +210,38 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     stages: dict = {}
     t0 = time.perf_counter()
-    sources = _sources(args, out, stages)
+    methods = args.methods.split(",")
+    sources = _sources(args, out, stages, {METHODS[m][1] for m in methods})
     seeds = [int(s) for s in args.seeds.split(",")]
     summary = {}
-    for algo in args.algos.split(","):
-        runs = {seed: out / f"{algo}_seed{seed}" for seed in seeds}
+    for method in methods:
+        algo, source = METHODS[method]
+        runs = {seed: out / f"{method}_seed{seed}" for seed in seeds}
+        commands = {}
         for seed, run in runs.items():
-            _finetune(args, algo, seed, sources[ALGORITHMS[algo]], run, stages)
+            argv = _finetune_argv(args, algo, seed, sources[source], run)
+            commands[seed] = "robotft " + " ".join(argv)
+            _finetune(argv, f"{method}_seed{seed}", run, args.iterations, stages)
         curves = {seed: _curve(run) for seed, run in runs.items()}
-        summary[algo] = {"source": ALGORITHMS[algo], "curves": curves,
-                         "mean_curve": _mean_curve(list(curves.values()))}
+        finals = {seed: _final_eval(args, run / "best", stages) for seed, run in runs.items()}
+        reward = json.loads((runs[seeds[0]] / "config.json").read_text())["run"]["env"]["reward_mode"]
+        summary[method] = {"algo": algo, "source": source, "bc": _final_eval(args, sources[source], stages),
+                           "curves": curves, "final_best": finals, "reward_mode": reward, "commands": commands,
+                           "mean_curve": _mean_curve(list(curves.values()), args.eval_episodes)}
     result = {"env": args.env, "budget": vars(args), "stages": stages,
-              "total_seconds": round(time.perf_counter() - t0, 1), "algorithms": summary}
+              "total_seconds": round(time.perf_counter() - t0, 1), "methods": summary}
     (out / "bench_rl.json").write_text(json.dumps(result, indent=2))
     _plot(summary, out / "bench_rl.png", f"{args.env}: fine-tuning from BC ({args.demos} demos), "
           f"{len(seeds)} seeds, {args.num_envs} envs")
-    print(f"\n{'algorithm':<14}{'start':>8}{'end':>8}{'min-max end':>14}{'env steps':>11}{'wall s':>9}")
-    for algo, res in summary.items():
-        first, last = res["mean_curve"][0], res["mean_curve"][-1]
-        print(f"{algo:<14}{first['success_mean']:>8.2f}{last['success_mean']:>8.2f}"
-              f"{last['success_min']:>7.2f}-{last['success_max']:<6.2f}{last['env_steps']:>11}"
-              f"{last['wall_seconds']:>9.0f}")
+    print("\n| task | method | BC success (95% CI) | fine-tuned, best checkpoint (95% CI) | env steps | wall s | "
+          "reward |")
+    print("|---|---|---|---|---|---|---|")
+    for method, res in summary.items():
+        bc, last = res["bc"], res["mean_curve"][-1]
+        for seed, final in res["final_best"].items():
+            print(f"| {args.env} | {method} (seed {seed}) | {bc['success_rate']:.2f} ({bc['ci95'][0]:.2f}-"
+                  f"{bc['ci95'][1]:.2f}) | {final['success_rate']:.2f} ({final['ci95'][0]:.2f}-{final['ci95'][1]:.2f})"
+                  f" | {last['env_steps']} | {last['wall_seconds']:.0f} | {res['reward_mode']} |")
     print(f"\nwrote {out / 'bench_rl.json'} and {out / 'bench_rl.png'}")
 
 

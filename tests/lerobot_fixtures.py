@@ -115,9 +115,10 @@ def save_lerobot(policy, folder: Path, stats) -> Path:
     return folder
 
 
-def make_diffusion_checkpoint(folder: Path) -> Path:
+def make_diffusion_checkpoint(folder: Path, noise_scheduler_type: str = "DDPM") -> Path:
     """A tiny LeRobot DiffusionPolicy on nav2d: the state is its robot state and its environment state
-    (LeRobot's diffusion needs an image or an environment state), 1 observation step, horizon 8, 4 actions."""
+    (LeRobot's diffusion needs an image or an environment state), 1 observation step, horizon 8, 4 actions;
+    sampled by LeRobot's `noise_scheduler_type` (DDIM decodes a given noise deterministically)."""
     from lerobot.configs.types import FeatureType, PolicyFeature
     from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
@@ -132,6 +133,7 @@ def make_diffusion_checkpoint(folder: Path) -> Path:
         kernel_size=3,
         n_groups=4,
         num_train_timesteps=10,
+        noise_scheduler_type=noise_scheduler_type,
         device="cpu",
         input_features={
             "observation.state": PolicyFeature(FeatureType.STATE, (STATE_DIM,)),

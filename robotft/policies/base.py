@@ -112,7 +112,8 @@ def build_policy(config: Any, spec: EnvSpec, normalizer: Normalizer) -> Policy:
 
 
 _BUILTINS = ("robotft.policies.diffusion", "robotft.policies.gaussian", "robotft.policies.residual", "robotft.policies.flow",
-             "robotft.policies.meanflow", "robotft.policies.flow_vlm", "robotft.policies.lerobot_policy")
+             "robotft.policies.meanflow", "robotft.policies.flow_vlm", "robotft.policies.lerobot_policy",
+             "robotft.policies.noise_steered")
 
 
 def _import_builtin_policies() -> None:

@@ -568,6 +568,27 @@ class DiffusionPolicy(Policy):
         latents, _ = self._denoise(cond, 0.0, deterministic, generator, score_std=None, x=x)
         return self._to_actions(latents[-1])
 
+    @property
+    def noise_shape(self) -> tuple[int, int]:
+        """Shape `(H, A)` of one chain's initial noise x_K (normalized action units)."""
+        return (self.config.horizon_steps, self.act_dim)
+
+    @torch.no_grad()
+    def decode_noise(self, obs: Obs, noise: torch.Tensor) -> torch.Tensor:
+        """Actions `[B, H, A]` env units from the given initial noise x_K `[B, H, A]`: the DDIM chain with η = 0,
+        a deterministic map (DSRL, Wagenmaker et al. 2025, arXiv 2506.15799, steers it). Only the `ddim` sampler
+        is deterministic; DDPM's reverse chain draws fresh noise at every step."""
+        if self.config.sampler != "ddim":
+            raise ValueError(f"decoding a given noise needs policy.sampler ddim (η = 0 is deterministic); this policy "
+                             f"samples with {self.config.sampler!r}: fine-tune with --policy.sampler ddim")
+        check_chunk("noise", noise, self.config.horizon_steps, self.act_dim)
+        cond = self.encode_obs(obs)
+        x = noise.reshape(noise.shape[0], -1)
+        for i in range(self.num_denoising_steps):
+            index = torch.full((x.shape[0],), i, dtype=torch.long, device=x.device)
+            x, _ = self._gaussian(x, self._predict_eps(cond, x, index), index, 0.0, deterministic=True)
+        return self._to_actions(x)
+
     @torch.no_grad()
     def sample_chain(
         self,

@@ -282,6 +282,20 @@ class FlowPolicy(Policy):
         )
         return self.to_actions(latents[-1])
 
+    @property
+    def noise_shape(self) -> tuple[int, int]:
+        """Shape `(H, A)` of one chunk's initial noise x_0 (the latent's shape, normalized units)."""
+        return (self.config.horizon_steps, self.act_dim)
+
+    @torch.no_grad()
+    def decode_noise(self, obs: Obs, noise: torch.Tensor) -> torch.Tensor:
+        """Actions `[B, H, A_env]` env units from the given initial noise x_0 `[B, *noise_shape]`: the K-step Euler
+        solution of the flow ODE, a deterministic map (DSRL, Wagenmaker et al. 2025, arXiv 2506.15799, steers it)."""
+        if tuple(noise.shape[1:]) != self.noise_shape:
+            raise ValueError(f"noise: expected [B, {self.noise_shape[0]}, {self.noise_shape[1]}], got {tuple(noise.shape)}")
+        latents, _ = self._euler(self.encode_prefix(obs), noise, None, None)
+        return self.to_actions(latents[-1])
+
     def _noise_std(self, noise_std: float | torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
         """σ as `[B, K, H, A]` from a float, `[K]` (per step), `[B, K]` or `[B, K, H, A]`; must be > 0."""
         k, h, a = self.config.num_steps, self.config.horizon_steps, self.act_dim

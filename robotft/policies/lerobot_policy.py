@@ -317,6 +317,29 @@ class LeRobotDiffusion(Policy):
         check_chunk("LeRobot diffusion actions", actions, self.config.horizon_steps, self.act_dim)
         return actions
 
+    @property
+    def noise_shape(self) -> tuple[int, int]:
+        """Shape `(horizon, action_dim)` of LeRobot's initial noise (LeRobot's horizon, normalized units)."""
+        model = self.lerobot.diffusion
+        return (model.config.horizon, model.config.action_feature.shape[0])
+
+    @torch.no_grad()
+    def decode_noise(self, obs: Obs, noise: torch.Tensor) -> torch.Tensor:
+        """Actions `[B, n_action_steps, A]` env units from a given initial noise `[B, *noise_shape]`; deterministic
+        only with LeRobot's DDIM scheduler (its step uses η = 0), which DSRL needs."""
+        from lerobot.utils.constants import OBS_IMAGES
+
+        model = self.lerobot.diffusion
+        if model.config.noise_scheduler_type != "DDIM":
+            raise ValueError(f"decoding a given noise needs a LeRobot diffusion policy with noise_scheduler_type DDIM "
+                             f"(deterministic); this one uses {model.config.noise_scheduler_type}")
+        if tuple(noise.shape[1:]) != self.noise_shape:
+            raise ValueError(f"noise: expected [B, {self.noise_shape[0]}, {self.noise_shape[1]}], got {tuple(noise.shape)}")
+        batch = self.adapter.batch(obs)
+        if self.adapter.image_inputs:
+            batch[OBS_IMAGES] = torch.stack([batch[k] for k in self.adapter.image_inputs], dim=-4)
+        return self.adapter.action_to_env(model.generate_actions(batch, noise=noise))
+
     def loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError(
             "a LeRobot DiffusionPolicy is trained by LeRobot (lerobot-train); robotft uses it as a frozen base "

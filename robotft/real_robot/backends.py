@@ -11,16 +11,23 @@ A rig preset names each backend and fills that backend's config dataclass with a
     robot = make_robot("sim_franka", {"scene": ...}, safety)
     camera = make_camera("base", "sim", {"width": 128}, robot)
 
-Each backend's heavy dependency (mujoco, franky, pyrealsense2) is imported only when it is built.
+Object poses come from a source by name (`OBJECT_POSE_SOURCES`): `scene` (the simulated robot's own
+`object_poses()`) or `fiducial` (ArUco markers seen by one of the rig's cameras):
+
+    source = make_object_pose_source(rig, robot, cameras)   # has object_poses() -> {name: ObjectPose}
+
+Each backend's heavy dependency (mujoco, franky, pyrealsense2, cv2) is imported only when it is built.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from robotft.config import ConfigError, from_dict
+from robotft.real_robot.fiducial import FiducialConfig
 from robotft.real_robot.franka import FrankaConfig
 from robotft.real_robot.realsense import RealSenseConfig
 from robotft.real_robot.sim_camera import SimCameraConfig
@@ -28,6 +35,7 @@ from robotft.real_robot.sim_franka import SimFrankaConfig
 
 if TYPE_CHECKING:
     from robotft.real_robot.camera import Camera
+    from robotft.real_robot.rig import RigConfig
     from robotft.real_robot.robot import Robot
     from robotft.real_robot.safety import SafetyLayer
 
@@ -109,3 +117,104 @@ def make_camera(
     from robotft.real_robot.realsense import RealSenseCamera
 
     return RealSenseCamera(name, cfg, clock=clock)
+
+
+# ---- object-pose sources ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ScenePosesConfig:
+    """The `scene` source has no settings: the robot backend reports its scene's poses (`SimFranka`)."""
+
+
+def _scene_objects(config: ScenePosesConfig, rig: RigConfig) -> tuple[list[str], list[str]]:
+    if rig.robot.backend != "sim_franka" and rig.objects:
+        return [], [
+            f"object_poses: the `scene` source reads the simulated scene, but the robot is "
+            f"{rig.robot.backend!r}; configure a pose source such as `fiducial` for objects {rig.objects}"
+        ]
+    return list(rig.objects), []
+
+
+def _fiducial_objects(config: FiducialConfig, rig: RigConfig) -> tuple[list[str], list[str]]:
+    if config.camera not in {c.name for c in rig.cameras}:
+        return [], [
+            f"object_poses.config.camera: {config.camera!r} is not one of the rig's cameras "
+            f"{[c.name for c in rig.cameras]}"
+        ]
+    return config.objects, []
+
+
+def _scene_source(
+    config: ScenePosesConfig, rig: RigConfig, robot: Robot, cameras: Mapping[str, Camera]
+) -> Any:
+    if not hasattr(robot, "object_poses"):
+        raise ConfigError(
+            f"object_poses: robot backend {type(robot).__name__} has no scene to read poses from"
+        )
+    return robot
+
+
+def _fiducial_source(
+    config: FiducialConfig, rig: RigConfig, robot: Robot, cameras: Mapping[str, Camera]
+) -> Any:
+    from robotft.real_robot.fiducial import FiducialPoseSource
+
+    camera = next(c for c in rig.cameras if c.name == config.camera)
+    return FiducialPoseSource(config, cameras[config.camera], camera.base_from_camera)
+
+
+@dataclass(frozen=True)
+class PoseSourceBackend:
+    """An object-pose source type."""
+
+    config: type
+    """Its config dataclass (filled from the rig's `object_poses.config`)."""
+    objects: Callable[..., tuple[list[str], list[str]]]
+    """`(config, rig) -> (objects it provides, problems with the rig)`."""
+    build: Callable[..., Any]
+    """`(config, rig, robot, cameras) -> source` with `object_poses()`, optionally `connect`/`disconnect`
+    (a context manager) and `max_age_s` (pose age that holds the arm)."""
+
+
+OBJECT_POSE_SOURCES: dict[str, PoseSourceBackend] = {
+    "scene": PoseSourceBackend(ScenePosesConfig, _scene_objects, _scene_source),
+    "fiducial": PoseSourceBackend(FiducialConfig, _fiducial_objects, _fiducial_source),
+}
+"""Object-pose source name -> its backend."""
+
+
+def parse_object_pose_config(rig: RigConfig) -> Any:
+    """The config dataclass of the rig's object-pose source."""
+    return _parse(
+        "object-pose source",
+        {k: v.config for k, v in OBJECT_POSE_SOURCES.items()},
+        rig.object_poses.backend,
+        rig.object_poses.config,
+        "object_poses",
+    )
+
+
+def object_pose_source_problems(rig: RigConfig) -> list[str]:
+    """Why the rig's object-pose source cannot provide each of `rig.objects` (empty: it can)."""
+    try:
+        config = parse_object_pose_config(rig)
+    except (ConfigError, ValueError) as e:
+        return [f"object_poses: {e}"]
+    provided, problems = OBJECT_POSE_SOURCES[rig.object_poses.backend].objects(config, rig)
+    missing = [o for o in rig.objects if o not in provided]
+    if missing and not problems:
+        problems.append(
+            f"object_poses: the {rig.object_poses.backend!r} source does not track objects {missing} "
+            f"(it tracks {provided})"
+        )
+    return problems
+
+
+def make_object_pose_source(rig: RigConfig, robot: Robot, cameras: Mapping[str, Camera]) -> Any:
+    """The rig's object-pose source (for `scene`, the robot itself), not yet connected."""
+    problems = object_pose_source_problems(rig)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    config = parse_object_pose_config(rig)
+    return OBJECT_POSE_SOURCES[rig.object_poses.backend].build(config, rig, robot, cameras)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from robotft.config import ConfigError, resolve_device, to_dict
+from robotft.real_robot.backends import make_object_pose_source
 from robotft.real_robot.camera import Camera
 from robotft.real_robot.latency import atomic_write, write_report
 from robotft.real_robot.operator import KeyboardOperator, Operator, SceneJudge
@@ -119,6 +120,7 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
     operator: Operator | None = None
     try:
         robot, cameras = make_devices(rig, safety)
+        object_source = make_object_pose_source(rig, robot, cameras)
         operator = SceneJudge(rig.success) if opts.no_operator else KeyboardOperator(operator_stream)
         recorder = (
             Recorder(writer, rig.task or str(ckpt.config.get("env", {}).get("task", ""))) if writer else None
@@ -126,6 +128,8 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
         with robot, contextlib.ExitStack() as stack:
             for cam in cameras.values():
                 stack.enter_context(cam)
+            if object_source is not robot:  # e.g. a marker tracker reading a camera's frames
+                stack.enter_context(object_source)
             runner = Runner(
                 rig,
                 policy,
@@ -138,6 +142,7 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
                 episode_time_s=episode_time_s,
                 seed=opts.seed,
                 device=device,
+                object_source=object_source,
             )
             result = runner.run(opts.episodes)
     finally:

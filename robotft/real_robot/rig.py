@@ -21,6 +21,15 @@ the simulated scene, or a pose estimator on hardware), `constant` (e.g. a fixed 
 (`rgb/<name>` keys). Positions and orientations are in the robot base frame unless a source says
 `frame: world`, which applies `world_from_base` (ManiSkill's world has the robot base at x = -0.615).
 
+Where object poses come from is the rig's `object_poses` source, by name (robotft.real_robot.backends
+`OBJECT_POSE_SOURCES`): `scene` (the default: the robot backend's `object_poses()`, the simulated scene)
+or `fiducial` (printed markers on the objects, seen by a rig camera; robotft.real_robot.fiducial):
+
+    objects: [cube]
+    object_poses:
+      backend: fiducial
+      config: {camera: base, markers: [{object: cube, id: 0, size_m: 0.03, object_from_marker: {pos: [0, 0, 0.0202]}}]}
+
 `check_rig` lists everything a checkpoint needs that the rig cannot provide; `robotft deploy` refuses
 such a checkpoint with that list.
 """
@@ -90,6 +99,17 @@ class CameraConfig(DeviceConfig):
     """Extrinsics: the camera optical frame in the robot base frame (recorded with each dataset)."""
     max_age_s: float = 0.1
     """A frame older than this (s) is stale: the policy is not fed and the watchdog holds the arm."""
+
+
+@dataclass
+class ObjectPoseSourceConfig:
+    """Where the poses of the rig's `objects` come from: a source by name and its config."""
+
+    backend: str = "scene"
+    """`scene` (the robot backend's `object_poses()`: the simulated scene) or `fiducial` (ArUco markers
+    seen by a rig camera); see robotft.real_robot.backends.OBJECT_POSE_SOURCES."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Fields of the source's config dataclass (`fiducial`: robotft.real_robot.fiducial.FiducialConfig)."""
 
 
 @dataclass
@@ -217,6 +237,8 @@ class RigConfig:
     objects: list[str] = field(default_factory=list)
     """Objects whose pose the robot backend's `object_poses()` provides (the simulated scene's bodies, or
     a pose estimator on hardware); empty when the rig cannot observe objects."""
+    object_poses: ObjectPoseSourceConfig = field(default_factory=ObjectPoseSourceConfig)
+    """The source of the `objects`' poses (default: the simulated scene)."""
     world_from_base: Transform = field(default_factory=Transform)
     """The robot base in the policy's world frame (ManiSkill: pos [-0.615, 0, 0])."""
     control_hz: float = 20.0
@@ -306,7 +328,8 @@ def _source_problems(rig: RigConfig, key: str, src: SourceConfig, size: int | No
     if src.source == "object" and src.object not in rig.objects:
         problems.append(
             f"{where}: needs the pose of object {src.object!r}, which this rig cannot observe "
-            f"(rig objects: {rig.objects}; on hardware add a pose estimator)"
+            f"(rig objects: {rig.objects}; on hardware add a pose source, e.g. `object_poses: "
+            "{backend: fiducial}` with a marker on the object, docs/calibration.md)"
         )
     if src.source == "camera" and src.camera not in {c.name for c in rig.cameras}:
         problems.append(
@@ -341,7 +364,14 @@ def check_rig(rig: RigConfig, spec: EnvSpec, obs_keys: Sequence[str]) -> list[st
                 )
         problems += _key_problems(rig, key, feature, obs)
     problems += _action_problems(rig, spec)
-    return problems
+    return problems + object_pose_problems(rig)
+
+
+def object_pose_problems(rig: RigConfig) -> list[str]:
+    """What keeps the rig's `object_poses` source from providing every one of the rig's `objects`."""
+    from robotft.real_robot.backends import object_pose_source_problems
+
+    return object_pose_source_problems(rig)
 
 
 def _key_problems(rig: RigConfig, key: str, feature: FeatureSpec, obs: ObservationConfig) -> list[str]:

@@ -48,8 +48,9 @@ log = logging.getLogger(__name__)
 class StreamPoller:
     """A thread that polls the robot state, object poses and camera frames into `StampedBuffer`s.
 
-    Streams: `robot` (RobotState), `object/<name>` (poses from `robot.object_poses()`), `camera/<name>`
-    (Frame). A sample is appended only when its capture time is newer than the stream's last one.
+    Streams: `robot` (RobotState), `object/<name>` (poses from `object_source.object_poses()`, by
+    default the robot's simulated scene), `camera/<name>` (Frame). A sample is appended only when its
+    capture time is newer than the stream's last one.
     """
 
     def __init__(
@@ -59,8 +60,10 @@ class StreamPoller:
         objects: list[str],
         rate_hz: float,
         history_s: float,
+        object_source: Any = None,
     ) -> None:
         self.robot = robot
+        self.object_source = robot if object_source is None else object_source
         self.cameras = dict(cameras)
         self.objects = list(objects)
         self.rate_hz = rate_hz
@@ -85,7 +88,7 @@ class StreamPoller:
         state = self.robot.get_observation()
         self._put("robot", state.timestamp_s, state)
         if self.objects:
-            poses = self.robot.object_poses()  # type: ignore[attr-defined]
+            poses = self.object_source.object_poses()
             for name in self.objects:
                 self._put(f"object/{name}", poses[name].timestamp_s, poses[name])
         for name, cam in self.cameras.items():
@@ -253,7 +256,10 @@ class Runner:
         episode_time_s: float = 10.0,
         seed: int = 0,
         device: str = "cpu",
+        object_source: Any = None,
     ) -> None:
+        """`object_source` provides the object poses (`object_poses()`; robotft.real_robot.backends
+        `make_object_pose_source`); None: the robot's simulated scene."""
         assert spec.action is not None
         self.rig = rig
         self.policy = policy
@@ -276,13 +282,21 @@ class Runner:
         objects = [n.removeprefix("object/") for n in self.builder.stream_names if n.startswith("object/")]
         if rig.success is not None and rig.simulated:
             objects = sorted({*objects, rig.success.object, rig.success.goal})
-        if (objects or rig.simulated) and not hasattr(robot, "object_poses"):
+        self.object_source = robot if object_source is None else object_source
+        if (objects and not hasattr(self.object_source, "object_poses")) or (
+            rig.simulated and not hasattr(robot, "object_poses")
+        ):
             raise ValueError(
                 f"rig {rig.name!r} reads object poses {objects} (or a simulated scene), but robot backend "
                 f"{type(robot).__name__} has no object_poses()"
             )
         self.poller = StreamPoller(
-            robot, self.cameras, objects, rig.state_hz, history_s=self.obs_steps * self.dt + 1.0
+            robot,
+            self.cameras,
+            objects,
+            rig.state_hz,
+            history_s=self.obs_steps * self.dt + 1.0,
+            object_source=self.object_source,
         )
         self.executor = self._make_executor(executor or rig.executor.type)
         self._last_sent: RobotCommand | None = None
@@ -467,6 +481,9 @@ class Runner:
 
     def _check_ages(self, samples: Mapping[str, Any], now: float) -> None:
         limits = {f"camera/{c.name}": c.max_age_s for c in self.rig.cameras}
+        # Poses measured in camera frames age like camera frames (robotft.real_robot.fiducial).
+        pose_age = getattr(self.object_source, "max_age_s", self.rig.max_state_age_s)
+        limits.update({n: pose_age for n in self.poller.buffers if n.startswith("object/")})
         for name, sample in samples.items():
             if sample.capture_time_s < self._episode_start:
                 raise StaleDataError(f"stream {name!r} has no sample since the episode started")

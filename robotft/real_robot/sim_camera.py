@@ -132,9 +132,14 @@ class SimCamera(ThreadedCamera):
             self._cam_id = -1
             fovy = config.fovy_deg
         self.intrinsics = CameraIntrinsics.from_fovy(config.width, config.height, fovy)
+        # The offscreen framebuffer (640x480 by default) must hold the image: RealSense sizes are larger.
+        model.vis.global_.offwidth = max(model.vis.global_.offwidth, config.width)
+        model.vis.global_.offheight = max(model.vis.global_.offheight, config.height)
         """Pinhole intrinsics of the colour (and depth) image."""
         self.render_stats_s: list[float] = []
         """Seconds each of the last 100 frames took to render (capture to receive)."""
+        self._snapshot_renderer: Any = None
+        self._snapshots = 0
 
     # ---- Camera contract -----------------------------------------------------------------------------
 
@@ -204,6 +209,39 @@ class SimCamera(ThreadedCamera):
             gl.frustum_bottom = -gl.frustum_near * top
             gl.orthographic = 0
 
+    def _render(self, renderer: Any, option: Any, index: int) -> Frame:
+        """Render the scene as simulated now into a `Frame` (in the thread that owns `renderer`)."""
+        capture = self.robot.update_scene(renderer, self._cam_id, option)
+        if self._cam_id < 0:
+            self._override_gl_camera(renderer.scene)
+        renderer.disable_depth_rendering()
+        color = renderer.render().copy()
+        depth = None
+        if self.config.depth:
+            renderer.enable_depth_rendering()
+            depth = renderer.render().copy()
+        receive = self.clock()
+        return Frame(color, capture, max(receive, capture), index, depth)
+
+    def snapshot(self) -> Frame:
+        """Render one frame now, in the calling thread, while the camera is not streaming: the same image
+        the stream would show of the current scene, without its timing (tests, scripted calibration).
+        The OpenGL context is created on the first call and belongs to the calling thread."""
+        if self.is_connected:
+            raise RuntimeError(f"camera {self.name!r} is streaming; read its frames instead of snapshot()")
+        if self._snapshot_renderer is None:
+            self._snapshot_renderer = self._mj.Renderer(
+                self.robot.model, height=self.config.height, width=self.config.width
+            )
+        self._snapshots += 1
+        return self._render(self._snapshot_renderer, self._scene_option(), self._snapshots - 1)
+
+    def close_snapshots(self) -> None:
+        """Release the OpenGL context of `snapshot()` (call from the thread that took them)."""
+        if self._snapshot_renderer is not None:
+            self._snapshot_renderer.close()
+            self._snapshot_renderer = None
+
     def _run(self) -> None:
         cfg = self.config
         renderer = None
@@ -219,18 +257,10 @@ class SimCamera(ThreadedCamera):
             index = 0
             while not self._stop.is_set():
                 ticker.wait()
-                capture = self.robot.update_scene(renderer, self._cam_id, option)
-                if self._cam_id < 0:
-                    self._override_gl_camera(renderer.scene)
-                renderer.disable_depth_rendering()
-                color = renderer.render().copy()
-                depth = None
-                if cfg.depth:
-                    renderer.enable_depth_rendering()
-                    depth = renderer.render().copy()
-                receive = self.clock()
-                self._frames.put(Frame(color, capture, max(receive, capture), index, depth))
-                self.render_stats_s = [*self.render_stats_s[-99:], receive - capture]
+                frame = self._render(renderer, option, index)
+                self._frames.put(frame)
+                age = frame.receive_time_s - frame.capture_time_s
+                self.render_stats_s = [*self.render_stats_s[-99:], age]
                 index += 1
         except BaseException as e:  # noqa: BLE001 - surfaced to the caller by _check()
             log.error("camera %r capture thread failed: %r", self.name, e)

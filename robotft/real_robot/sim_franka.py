@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from robotft.real_robot.robot import NUM_JOINTS, Robot, RobotCommand, RobotState
+from robotft.real_robot.sim_fiducials import SimFiducialConfig, add_fiducials
 
 if TYPE_CHECKING:
     from robotft.real_robot.safety import SafetyLayer
@@ -158,6 +159,8 @@ class SimSceneConfig:
     """Free-body boxes."""
     markers: list[SimMarkerConfig] = field(default_factory=list)
     """Fixed visual markers."""
+    fiducials: list[SimFiducialConfig] = field(default_factory=list)
+    """Printed ArUco markers on objects or robot links (robotft.real_robot.sim_fiducials)."""
 
     def __post_init__(self) -> None:
         names = [o.name for o in self.objects] + [m.name for m in self.markers]
@@ -290,6 +293,7 @@ def build_model(cfg: SimFrankaConfig) -> Any:
             conaffinity=0,
             group=_SCENE_GROUP,
         )
+    add_fiducials(spec, scene.fiducials)
     return spec.compile()
 
 

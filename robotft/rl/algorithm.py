@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -32,12 +32,25 @@ class ActOutput:
 
 
 class Algorithm(abc.ABC):
-    """Sampling and scoring rules of one fine-tuning algorithm over a policy."""
+    """Sampling and scoring rules of one fine-tuning algorithm over a policy.
+
+    `rl_defaults` are the algorithm's own values for the PPO core's `rl.` fields, from its paper or reference
+    code; `FinetuneConfig.for_algorithm` applies them under the user's flags, so `--algo X` alone is a sound
+    run and the resolved values are saved with it."""
 
     name: str
     policy: Policy
     critic_extra_dim: int = 0
     """Width of `critic_extra`'s output; 0 when the critic sees the observation only."""
+    rl_defaults: ClassVar[dict[str, Any]] = {}
+    """PPO-core fields (`rl.<field>`) this algorithm sets differently from PPOConfig's defaults."""
+    logprob_reduction: str = "mean"
+    """`mean` or `sum` over a transition's entries (set from `rl.logprob_reduction` by `make_algorithm`)."""
+
+    def reduce_entries(self, logprob: torch.Tensor) -> torch.Tensor:
+        """`[N, K, ...]` per-entry log-densities → `[N, K]`: their mean or sum (`logprob_reduction`)."""
+        flat = logprob.flatten(start_dim=2)
+        return flat.mean(dim=-1) if self.logprob_reduction == "mean" else flat.sum(dim=-1)
 
     @abc.abstractmethod
     def act(self, obs: Obs, deterministic: bool = False) -> ActOutput:

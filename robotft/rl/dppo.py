@@ -28,7 +28,10 @@ class DPPOConfig:
     """DPPO-specific settings (the PPO core's are under `rl.`)."""
 
     ft_denoising_steps: int = 10
-    """How many final denoising transitions are fine-tuned (and scored); at most the sampler's steps."""
+    """How many final denoising transitions are fine-tuned (and scored), capped at the policy sampler's steps
+    (a 5-step DDIM policy fine-tunes all 5). DPPO's 10: on a 20-step DDPM policy for ManiSkill PickCube,
+    fine-tuning all 20 steps put the exploration std on every step and dropped the rollouts' success from the
+    policy's 82% to 0-25%."""
     min_sampling_std: float = 0.1
     """Lower bound on each fine-tuned transition's std while sampling rollouts (exploration)."""
     min_logprob_std: float = 0.1
@@ -57,20 +60,25 @@ class DPPOConfig:
 
 
 class DPPO(Algorithm):
+    """The PPO core's defaults (`rl.`) are DPPO's: per-entry mean log-density, clip 0.01 at the last denoising
+    step, target KL 1, 10 epochs; with actor learning rate 3e-5 and 3 critic warm-up iterations, measured on
+    ManiSkill PushCube on CPU."""
+
     name = "dppo"
 
     def __init__(self, policy: DiffusionPolicy, cfg: DPPOConfig) -> None:
         if not isinstance(policy, DiffusionPolicy):
             raise TypeError(f"dppo fine-tunes diffusion policies; got {type(policy).__name__}")
         self.policy, self.cfg = policy, cfg
+        wanted = min(cfg.ft_denoising_steps, policy.config.num_denoising_steps)
         if policy.config.ft_denoising_steps == 0:
-            policy.enable_finetuning(cfg.ft_denoising_steps)
-        elif policy.config.ft_denoising_steps != cfg.ft_denoising_steps:
+            policy.enable_finetuning(wanted)
+        elif policy.config.ft_denoising_steps != wanted:
             raise ValueError(
                 f"checkpoint was fine-tuned with ft_denoising_steps={policy.config.ft_denoising_steps}, "
-                f"but dppo.ft_denoising_steps={cfg.ft_denoising_steps}"
+                f"but dppo.ft_denoising_steps={wanted}"
             )
-        self.k = cfg.ft_denoising_steps
+        self.k = policy.config.ft_denoising_steps
 
     def num_scored(self) -> int:
         return self.k
@@ -85,7 +93,8 @@ class DPPO(Algorithm):
 
     def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
         """`[N, K]`: per-transition log N(x_{k-1}; μ_θ(x_k), max(σ_k, min_logprob_std)²), clamped per
-        dimension and averaged over the executed `act_steps × act_dim` entries."""
+        dimension and averaged (DPPO's default `rl.logprob_reduction`) over the executed `act_steps × act_dim`
+        entries."""
         lp = self.policy.chain_elementwise_logprob(obs, sample["chain"], min_std=self.cfg.min_logprob_std)
         return self._reduce(lp)
 
@@ -93,7 +102,7 @@ class DPPO(Algorithm):
         """Per-entry log-densities `[N, K, H, A]` → the surrogate's `[N, K]` (clamp, executed entries, mean)."""
         lo, hi = self.cfg.logprob_clamp
         act_steps = self.policy.config.act_steps
-        return elementwise.clamp(lo, hi)[:, :, :act_steps].mean(dim=(-1, -2))
+        return self.reduce_entries(elementwise.clamp(lo, hi)[:, :, :act_steps])
 
     def actor_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.policy.ft_net.parameters() if p.requires_grad]

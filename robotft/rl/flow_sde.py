@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -43,6 +44,9 @@ class FlowSDEConfig:
 
 class FlowSDE(Algorithm):
     name = "flow_sde"
+    rl_defaults: ClassVar[dict[str, Any]] = {"clip_eps": 0.2, "actor_lr": 1e-5, "update_epochs": 4}
+    """π_RL's PPO on the one scored SDE step: per-entry ratios (mean log-density) clipped at 0.2, a small actor
+    learning rate, few epochs."""
 
     def __init__(self, policy: FlowPolicy, cfg: FlowSDEConfig) -> None:
         if not isinstance(policy, FlowPolicy):
@@ -88,12 +92,13 @@ class FlowSDE(Algorithm):
         return ActOutput(actions=policy.to_actions(x), sample=sample, logprob=self.logprob(obs, sample))
 
     def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
-        """`[N, 1]`: log N(x_{j+1}; SDE mean at x_j, σ_t² Δτ) summed over all `H × A` entries."""
+        """`[N, 1]`: log N(x_{j+1}; SDE mean at x_j, σ_t² Δτ) over all `H × A` entries, averaged (default) or
+        summed (`rl.logprob_reduction`)."""
         step, k = sample["step"], self.policy.config.num_steps
         v = self.policy.velocity(self.policy.encode_prefix(obs), sample["x"], step.float() / k)
         std = (self.sigma(step) / math.sqrt(k))[:, None, None]
         lp = gaussian_logprob_elementwise(sample["x_next"], self.sde_mean(sample["x"], v, step), std)
-        return lp.sum(dim=(1, 2))[:, None]
+        return self.reduce_entries(lp[:, None])
 
     def extra_loss(self, obs: Obs, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """No extra loss; reports the noise scale: the mean std σ_t sqrt(Δτ) of the scored SDE steps."""

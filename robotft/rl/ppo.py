@@ -11,6 +11,7 @@ critic-free group-relative advantages (`group_advantages`) and the dual-clip sur
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,9 @@ from robotft.envs.chunked import ChunkedEnv
 from robotft.rl.algorithm import Algorithm
 from robotft.rl.buffer import RolloutBuffer, RunningRewardScaler, compute_gae
 from robotft.rl.critic import ValueCritic
+
+LOGPROB_REDUCTIONS = ("mean", "sum")
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass
@@ -82,6 +86,25 @@ class PPOConfig:
     of episodes (fresh resets, so they share the start-state distribution). Make `steps_per_iter` at least
     the episode length in chunks. The critic is not trained, `critic_warmup_iters` and `norm_adv` are
     ignored, and truncation is not bootstrapped."""
+    logprob_reduction: str = "mean"
+    """How a scored transition's per-entry log-densities become one log-probability: `mean` (DPPO's and
+    ReinFlow's per-dimension normalization, for which a clip range of ~0.01 is published) or `sum` (the exact
+    joint density of the entries, as CleanRL's Gaussian PPO; clip ranges ~0.2)."""
+    lr_schedule: str = "constant"
+    """Actor and critic learning-rate schedule over `iterations`: `constant`, or `cosine` (linear warm-up over
+    `lr_warmup_iters`, then cosine decay to `actor_min_lr` / `critic_min_lr` at the last iteration)."""
+    lr_warmup_iters: int = 0
+    """Iterations of linear learning-rate warm-up (`cosine` schedule)."""
+    actor_min_lr: float = 0.0
+    """Actor learning rate at the end of the cosine schedule."""
+    critic_min_lr: float = 0.0
+    """Critic learning rate at the end of the cosine schedule."""
+    reward_clip: float = 0.0
+    """Clip each chunk reward to [-c, c] after any scaling (before truncation bootstrapping); 0 disables it."""
+    skip_no_signal: bool = True
+    """Do not update the actor from a rollout without a learning signal: no success and the same env reward at
+    every step (e.g. a sparse reward never reached). Normalized advantages of such a rollout are the critic's
+    noise scaled to unit variance, which moves the policy at random. The critic still trains."""
     dual_clip: float = 0.0
     """Dual-clip PPO (Ye et al. 2020, arXiv 1912.09729): for A < 0 the clipped surrogate is bounded
     by c · A, so a huge ratio on a bad action cannot blow up the loss. c > 1 (the paper uses 3); 0 disables."""
@@ -107,6 +130,17 @@ class PPOConfig:
             raise ValueError(f"rl.gamma must be in (0, 1] and rl.gae_lambda in [0, 1]; got {self.gamma}, {self.gae_lambda}")
         if self.dual_clip != 0 and self.dual_clip <= 1:
             raise ValueError(f"rl.dual_clip must be 0 (off) or > 1, got {self.dual_clip}")
+        if self.logprob_reduction not in LOGPROB_REDUCTIONS:
+            raise ValueError(f"rl.logprob_reduction must be one of {LOGPROB_REDUCTIONS}, got {self.logprob_reduction!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"rl.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        for name in ("actor_lr", "critic_lr", "clip_eps"):
+            if not getattr(self, name) > 0:  # also refuses NaN
+                raise ValueError(f"rl.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("lr_warmup_iters", "critic_warmup_iters", "actor_min_lr", "critic_min_lr", "reward_clip",
+                     "target_kl", "max_grad_norm", "clip_value", "vf_coef"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)}")
         if self.group_advantages and (self.reward_scale or self.bootstrap_on_success):
             raise ValueError("rl.group_advantages uses raw episode returns: turn off rl.reward_scale and "
                              "rl.bootstrap_on_success")
@@ -121,6 +155,8 @@ class RolloutStats:
     successes: int
     episode_returns: list[float]
     seconds: float
+    signal: bool = True
+    """Whether the rollout carries a learning signal: a success, or env rewards that differ between steps."""
 
 
 class PPO:
@@ -180,6 +216,7 @@ class PPO:
         episodes = torch.zeros((), dtype=torch.long, device=self.device)
         successes = torch.zeros((), dtype=torch.long, device=self.device)
         ended_returns, ended = [], []
+        reward_lo = reward_hi = None
         self.algo.policy.eval()
         for _ in range(cfg.steps_per_iter):
             obs = self._obs
@@ -188,8 +225,12 @@ class PPO:
                 value = self._value(obs, out.sample).float()
             next_obs, reward, terminated, truncated, info = env.step(out.actions)
             done = terminated | truncated
+            reward_lo = reward.min() if reward_lo is None else torch.minimum(reward_lo, reward.min())
+            reward_hi = reward.max() if reward_hi is None else torch.maximum(reward_hi, reward.max())
             if cfg.reward_scale:
                 reward = self.reward_scaler(reward, done)
+            if cfg.reward_clip > 0:
+                reward = reward.clamp(-cfg.reward_clip, cfg.reward_clip)
             # Truncation is not termination: bootstrap from the value of the observation it stopped at.
             bootstrap = truncated & ~terminated
             if cfg.bootstrap_on_success:
@@ -208,10 +249,13 @@ class PPO:
         with self._autocast():
             next_value = self._value(self._obs).float()
         returns = torch.stack(ended_returns)[torch.stack(ended)].tolist() if ended else []
-        steps, episodes, successes = (int(v) for v in self.dist.sum([steps, int(episodes), int(successes)]))
+        varied = float(reward_hi > reward_lo) if reward_lo is not None else 0.0
+        steps, episodes, successes, varied = (int(v) for v in self.dist.sum([steps, int(episodes), int(successes),
+                                                                              varied]))
         returns = self.dist.gather_lists(returns)
         self.env_steps += steps
-        stats = RolloutStats(steps, episodes, successes, returns, time.perf_counter() - t0)
+        stats = RolloutStats(steps, episodes, successes, returns, time.perf_counter() - t0,
+                             signal=successes > 0 or varied > 0)
         return buf, next_value, stats
 
     def _value(self, obs, sample: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -224,9 +268,17 @@ class PPO:
 
     # -- update -----------------------------------------------------------------------------------
 
-    def update(self, buf: RolloutBuffer, next_value: torch.Tensor) -> dict[str, float]:
-        """GAE, then clipped PPO epochs. Returns mean metrics over the gradient steps taken."""
+    def update(self, buf: RolloutBuffer, next_value: torch.Tensor, signal: bool = True) -> dict[str, float]:
+        """GAE, then clipped PPO epochs. Returns mean metrics over the gradient steps taken.
+
+        `signal`: whether the rollout carried a learning signal (RolloutStats.signal); without one the actor
+        is not updated when `rl.skip_no_signal` is on."""
         cfg, algo = self.cfg, self.algo
+        actor_lr, critic_lr = self.learning_rates()
+        for group in self.actor_opt.param_groups:
+            group["lr"] = actor_lr
+        for group in self.critic_opt.param_groups:
+            group["lr"] = critic_lr
         if cfg.group_advantages:
             advantages = group_relative_advantages(buf.rewards, buf.dones, dist=self.dist)
             returns = torch.zeros_like(advantages)  # no critic to train
@@ -242,6 +294,8 @@ class PPO:
         mb = self.minibatch_size(n)
         train_critic = not cfg.group_advantages
         train_actor = self.iteration >= cfg.critic_warmup_iters or not train_critic
+        skipped_no_signal = train_actor and cfg.skip_no_signal and not signal
+        train_actor = train_actor and not skipped_no_signal
         weights = algo.advantage_weights().to(self.device)
         clip = algo.clip_coefs(cfg.clip_eps).to(self.device)
         metrics: dict[str, list[float]] = {}
@@ -295,7 +349,18 @@ class PPO:
             out["explained_variance"] = explained_variance(buf.values.reshape(-1), returns)
         out["kl_early_stop"] = float(stop)
         out["actor_trained"] = float(train_actor)
+        out["actor_skipped_no_signal"] = float(skipped_no_signal)
+        out["actor_lr"], out["critic_lr"] = actor_lr, critic_lr
         return out
+
+    def learning_rates(self) -> tuple[float, float]:
+        """(actor, critic) learning rates of the current iteration under `rl.lr_schedule`."""
+        cfg = self.cfg
+        if cfg.lr_schedule == "constant":
+            return cfg.actor_lr, cfg.critic_lr
+        return (cosine_with_warmup(self.iteration, cfg.iterations, cfg.lr_warmup_iters, cfg.actor_lr, cfg.actor_min_lr),
+                cosine_with_warmup(self.iteration, cfg.iterations, cfg.lr_warmup_iters, cfg.critic_lr,
+                                   cfg.critic_min_lr))
 
     def _value_loss(self, obs, returns: torch.Tensor, old_values: torch.Tensor, samples=None) -> torch.Tensor:
         """0.5 (V - R)², optionally clipped around the old value (PPO2's clipped value loss)."""
@@ -391,6 +456,17 @@ def group_relative_advantages(rewards: torch.Tensor, dones: torch.Tensor, eps: f
     else:
         mean, std = dist.mean_std(group)
     return torch.where(finished, (episode_return - mean) / (std + eps), 0.0)
+
+
+def cosine_with_warmup(iteration: int, total: int, warmup: int, peak: float, floor: float) -> float:
+    """Learning rate at `iteration` (0-based) of `total`: linear warm-up to `peak` over the first `warmup`
+    iterations (peak · (i + 1) / (warmup + 1)), then cosine decay (Loshchilov & Hutter 2017, arXiv 1608.03983)
+    floor + ½ (peak - floor)(1 + cos(π p)), p going from 0 after the warm-up to 1 at the last iteration."""
+    if iteration < warmup:
+        return peak * (iteration + 1) / (warmup + 1)
+    span = max(total - 1 - warmup, 1)
+    progress = min(max(iteration - warmup, 0) / span, 1.0)
+    return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:

@@ -11,6 +11,7 @@ base is run again. The actor loss adds an entropy bonus. Only r_θ and σ train;
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -34,6 +35,11 @@ class ResidualPPOConfig:
 
 class ResidualPPO(GaussianChunkPPO):
     name = "residual_ppo"
+    rl_defaults: ClassVar[dict[str, Any]] = {
+        "logprob_reduction": "sum", "clip_eps": 0.2, "actor_lr": 3e-4, "update_epochs": 10, "target_kl": 0.1,
+    }
+    """ResiP's PPO (arXiv 2407.16677, Table 5): exact joint log-density, clip 0.2, learning rate 3e-4, KL early
+    stop at 0.1 (ResiP runs up to 50 full-batch epochs; 10 epochs of minibatches take similar steps here)."""
 
     def __init__(self, policy: ResidualPolicy, cfg: ResidualPPOConfig) -> None:
         if not isinstance(policy, ResidualPolicy):

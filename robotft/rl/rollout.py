@@ -198,6 +198,7 @@ def merge_slices(slices: list[dict[str, Any]], device: torch.device) -> tuple[Ro
         successes=sum(s["successes"] for s in stats),
         episode_returns=[r for s in stats for r in s["episode_returns"]],
         seconds=max(s["seconds"] for s in stats),
+        signal=any(s["signal"] for s in stats),
     )
     return buf, next_value, merged
 

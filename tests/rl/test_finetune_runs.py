@@ -11,6 +11,7 @@ from robotft.cli import main
 from robotft.config import EnvConfig
 from robotft.finetune import FinetuneConfig, run_finetune
 from robotft.rl.ppo import PPOConfig
+from robotft.runlog import read_metrics
 
 TOY_NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=20, max_episode_steps=40, control_mode="velocity_2d",
                       reward_mode="dense", control_hz=10.0)
@@ -78,3 +79,23 @@ def test_algorithm_logs_scalars_resumes_and_evaluates(tmp_path, sources, algo, c
     assert main(["eval", str(out), "--episodes", "4", "--num-envs", "4", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["episodes"] == 4 and 0.0 <= result["success_rate"] <= 1.0
+
+
+def test_best_checkpoint_is_the_one_with_the_highest_evaluation_success(tmp_path, sources, capsys):
+    out = tmp_path / "best"
+    cfg = _config(sources["gaussian"], out, "ppo", iterations=4)
+    cfg.eval_episodes = 20
+    run_finetune(cfg)
+    evals = [r for r in read_metrics(out) if "eval/success_rate" in r]
+    rates = [r["eval/success_rate"] for r in evals]
+    assert len(rates) == 5  # before fine-tuning and after each of the 4 iterations
+    best = ckpt_io.read_checkpoint(out / ckpt_io.BEST_DIR)
+    assert best.meta["best_score"] == max(rates)
+    first_best = rates.index(max(rates))  # ties keep the earliest checkpoint
+    assert best.meta["step"] == first_best
+    assert ckpt_io.best_score(out) == max(rates)
+
+    capsys.readouterr()
+    assert main(["eval", str(out), "--episodes", "2", "--num-envs", "2"]) == 0
+    said = capsys.readouterr().err
+    assert "loading the latest checkpoint" in said and str(out / ckpt_io.BEST_DIR) in said

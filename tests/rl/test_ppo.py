@@ -13,13 +13,13 @@ from robotft.envs.factory import make_env
 from robotft.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
 from robotft.rl.critic import ValueCritic
 from robotft.rl.dppo import DPPO, DPPOConfig
-from robotft.rl.ppo import PPO, PPOConfig
+from robotft.rl.ppo import PPO, PPOConfig, cosine_with_warmup
 
 
-def _setup(**ppo_kwargs):
+def _setup(reward_mode: str = "dense", **ppo_kwargs):
     torch.manual_seed(0)
     env = make_env(EnvConfig(backend="toy", task="nav2d", num_envs=8, max_episode_steps=40, control_mode="velocity_2d",
-                             reward_mode="dense"))
+                             reward_mode=reward_mode))
     norm = Normalizer.fit({"state": np.random.uniform(-1, 1, (100, 4)), "action": np.random.uniform(-1, 1, (100, 2))},
                           {"state": "minmax", "action": "minmax"})
     cfg = DiffusionPolicyConfig(type="diffusion_mlp", obs_steps=1, horizon_steps=4, act_steps=2, hidden_dims=(32, 32),
@@ -88,3 +88,44 @@ def test_state_dict_round_trip_resumes_counters():
     assert fresh.iteration == 1 and fresh.env_steps == ppo.env_steps
     for k, v in ppo.critic.state_dict().items():
         assert torch.equal(v, fresh.critic.state_dict()[k])
+
+
+def test_a_rollout_without_learning_signal_does_not_move_the_actor():
+    """Sparse reward, never reached: the normalized advantages would be the critic's noise at unit scale."""
+    ppo, policy = _setup(reward_mode="sparse", critic_warmup_iters=0, actor_lr=1e-2)
+    buf, next_value, stats = ppo.collect()
+    assert stats.successes == 0 and not stats.signal, "precondition: an untrained policy never reaches the goal"
+    ft_before = copy.deepcopy(policy.ft_net.state_dict())
+    metrics = ppo.update(buf, next_value, signal=stats.signal)
+    assert metrics["actor_skipped_no_signal"] == 1.0 and metrics["actor_trained"] == 0.0
+    assert all(torch.equal(v, policy.ft_net.state_dict()[k]) for k, v in ft_before.items())
+
+    ppo_off, policy_off = _setup(reward_mode="sparse", critic_warmup_iters=0, actor_lr=1e-2, skip_no_signal=False)
+    buf, next_value, stats = ppo_off.collect()
+    ft_before = copy.deepcopy(policy_off.ft_net.state_dict())
+    ppo_off.update(buf, next_value, signal=stats.signal)  # the old behaviour: noise moves the policy
+    assert any(not torch.equal(v, policy_off.ft_net.state_dict()[k]) for k, v in ft_before.items())
+
+
+def test_a_dense_reward_is_a_signal_even_without_success():
+    ppo, _ = _setup(reward_mode="dense")
+    assert ppo.collect()[2].signal
+
+
+def test_reward_clip_bounds_the_stored_rewards():
+    ppo, _ = _setup(reward_mode="dense", reward_clip=1e-3)
+    buf, _, _ = ppo.collect()  # 6 chunks of 2 steps: no episode reaches its 40-step limit, nothing bootstrapped
+    assert buf.rewards.abs().max() <= 1e-3 and buf.rewards.abs().max() > 0
+
+
+def test_cosine_schedule_warms_up_then_decays_to_the_floor():
+    lrs = [cosine_with_warmup(i, 10, 2, 1.0, 0.1) for i in range(10)]
+    assert lrs[0] == pytest.approx(1 / 3) and lrs[1] == pytest.approx(2 / 3) and lrs[2] == pytest.approx(1.0)
+    assert lrs[-1] == pytest.approx(0.1) and all(a >= b for a, b in zip(lrs[2:], lrs[3:], strict=False))
+    ppo, _ = _setup(critic_warmup_iters=0, lr_schedule="cosine", iterations=4, actor_lr=1e-3, actor_min_lr=1e-4,
+                    critic_lr=1e-2, critic_min_lr=1e-3)
+    seen = []
+    for _ in range(4):
+        metrics = ppo.update(*ppo.collect()[:2])
+        seen.append((metrics["actor_lr"], ppo.actor_opt.param_groups[0]["lr"], ppo.critic_opt.param_groups[0]["lr"]))
+    assert seen[0][:2] == (1e-3, 1e-3) and seen[-1][0] == pytest.approx(1e-4) and seen[-1][2] == pytest.approx(1e-3)

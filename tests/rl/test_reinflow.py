@@ -26,6 +26,7 @@ def _algo(policy: FlowPolicy, **kwargs) -> ReinFlow:
 def test_logprob_equals_independent_chain_computation():
     policy = _policy()
     algo = _algo(policy)
+    algo.logprob_reduction = "sum"  # the exact joint density of the chain (the default averages its entries)
     obs = {"state": torch.randn(5, 2, 3)}
     out = algo.act(obs)
     chain = out.sample["chain"]  # [B, K+1, H, A]
@@ -43,6 +44,8 @@ def test_logprob_equals_independent_chain_computation():
         expected = expected + torch.distributions.Normal(mean, sigma).log_prob(chain[:, k + 1]).sum(dim=(1, 2))
     assert torch.allclose(out.logprob[:, 0], expected, atol=1e-4)
     assert torch.allclose(algo.logprob(obs, out.sample), out.logprob, atol=1e-5)
+    algo.logprob_reduction = "mean"  # ReinFlow's normalization by the (K + 1) H A entries
+    assert torch.allclose(algo.logprob(obs, out.sample)[:, 0], expected / (4 * 4 * 2), atol=1e-5)
 
 
 def test_sampled_chain_follows_the_learned_noise():
@@ -84,15 +87,12 @@ def test_gradients_reach_flow_and_noise_net_and_state_round_trips():
 def test_pretrain_then_reinflow_raises_success_on_toy(tmp_path, toy_pretrain, toy_success, toy_finetune):
     """A deliberately short flow BC (weak) → ReinFlow must beat BC beyond evaluation noise.
     Slow (about 25 s on one CPU thread): every update re-scores whole chains, K velocity calls per sample."""
-    from robotft.rl.ppo import PPOConfig
-
     bc = toy_pretrain(tmp_path / "bc", "flow_transformer", 200, "--policy.width", "64", "--policy.num_layers", "1",
                       "--policy.num_steps", "4", "--policy.state_hidden_dims", "64", "--train.lr", "3e-3",
                       "--train.batch_size", "128")
     before = toy_success(bc)
     ft = toy_finetune(bc, tmp_path / "reinflow", "reinflow",
-                      PPOConfig(iterations=15, steps_per_iter=10, minibatch_size=250, update_epochs=5,
-                                actor_lr=1e-4, clip_eps=0.2))
+                      {"iterations": 15, "steps_per_iter": 10, "minibatch_size": 250})  # ReinFlow's defaults
     after = toy_success(ft)
     assert before > 0.1, f"BC should beat a policy that never reaches the goal, got {before:.2f}"
     assert after > before + 0.1, f"ReinFlow should improve on BC: {before:.2f} -> {after:.2f}"

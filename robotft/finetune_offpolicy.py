@@ -1,0 +1,207 @@
+"""The fine-tuning loop of the off-policy algorithms (`robotft finetune --algo dsrl | pa_rl | residual_sac |
+filtered_bc`), beside the PPO family's in robotft.finetune.
+
+Same envs, evaluation path (`robotft.evaluation.evaluate`), logging (TensorBoard + metrics.jsonl), checkpoints and
+`robotft eval` as the PPO family. One iteration (`--iterations`) collects `offpolicy.steps_per_iter` chunks per env
+into the replay buffer and then updates (robotft.rl.offpolicy); `eval/success_rate` is logged before the first and
+after the last iteration. The replay buffer is saved in each checkpoint's training state, so `--resume` continues
+with the same buffer, counters and optimizers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from robotft import checkpoint as ckpt_io
+from robotft.config import EnvConfig, from_dict, resolve_device, to_dict
+from robotft.envs.chunked import ChunkedEnv
+from robotft.evaluation import EVAL_SEED, EvalResult, evaluate
+from robotft.policies.base import Policy, build_policy, policy_config_class
+from robotft.rl.kl_monitor import KLToBase
+from robotft.rl.offpolicy import OffPolicy, OffPolicyAlgorithm
+from robotft.rl.q_ensemble import QEnsemble
+from robotft.rl.replay import store_transitions
+from robotft.runlog import RunLogger
+from robotft.specs import check_policy_fits_env
+
+if TYPE_CHECKING:
+    from robotft.finetune import FinetuneConfig
+    from robotft.specs import EnvSpec
+
+
+def make_q_ensemble(policy: Policy, spec: EnvSpec, algo: OffPolicyAlgorithm, cfg: FinetuneConfig) -> QEnsemble:
+    """The Q ensemble over the policy's low-dim observation history and the algorithm's critic action (camera keys
+    are left out: the critic is only used in training, where the simulator's state is at hand)."""
+    keys = [k for k in policy.config.obs_keys if not k.startswith(("rgb/", "depth/"))]
+    if not keys:
+        raise ValueError(f"the critic needs a low-dim observation key beside the cameras; policy.obs_keys are "
+                         f"{policy.config.obs_keys} (add `state`)")
+    obs_dim = sum(int(np.prod(spec.observations[k].shape)) for k in keys) * policy.config.obs_steps
+    o = cfg.offpolicy
+    return QEnsemble(keys, obs_dim, algo.action_dim, policy.normalizer, hidden_dims=o.critic_hidden,
+                     ensemble=o.num_critics)
+
+
+def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = None,
+                           resume: bool = False) -> Path:
+    """Fine-tune with an off-policy algorithm and checkpoint. Returns the run directory."""
+    from robotft.config import apply_overrides
+    from robotft.envs.factory import make_env
+    from robotft.finetune import _log_eval, make_algorithm, write_learning_curve
+
+    if cfg.rollout.backend != "inprocess":
+        raise ValueError(f"--algo {cfg.algo} collects in this process; rollout.backend {cfg.rollout.backend!r} "
+                         "is for the PPO family")
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    out = Path(cfg.out)
+    previous = ckpt_io.resume_checkpoint(out) if resume else None
+    resuming = previous is not None
+    if resume and not resuming:
+        print(f"--resume: no checkpoint in {out} yet, starting from {cfg.source}", file=sys.stderr)
+    source = ckpt_io.read_checkpoint(previous if resuming else cfg.source)
+    origin = source.meta.get("source", str(source.path)) if resuming else str(source.path)
+    env_cfg = cfg.env or from_dict(EnvConfig, source.config["env"])
+    cfg = dataclasses.replace(cfg, env=env_cfg)
+    policy_cfg = from_dict(policy_config_class(source.config["policy"]["type"]), source.config["policy"])
+    if policy_overrides and not resuming:
+        policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.")
+    policy = build_policy(policy_cfg, source.spec, source.normalizer)
+    policy.load_state_dict(source.model_state)
+    policy.to(device)
+    algo = make_algorithm(cfg.algo, policy, cfg)
+    policy = algo.policy.to(device)  # DSRL and residual SAC wrap a plain base policy
+    o = policy.config
+
+    env = make_env(env_cfg, device=device)
+    check_policy_fits_env(source.spec, env.spec, str(source.path))
+    chunked = ChunkedEnv(env, o.obs_steps, o.act_steps)
+    eval_env = env
+    if cfg.eval_episodes > 0 and cfg.eval_num_envs:
+        eval_env = make_env(dataclasses.replace(env_cfg, num_envs=cfg.eval_num_envs), device=device)
+    chunked_eval = ChunkedEnv(eval_env, o.obs_steps, o.act_steps)
+    critic = make_q_ensemble(policy, source.spec, algo, cfg).to(device) if algo.uses_critic else None
+    demos = None
+    if cfg.offpolicy.demo_data:
+        demos, info = store_transitions(cfg.offpolicy.demo_data, [k for k in o.obs_keys], o.obs_steps,
+                                        o.horizon_steps, o.act_steps, device=chunked.device)
+        print(f"demonstrations: {info['episodes']} episodes, {info['transitions']} chunk transitions, "
+              f"success {info['success_rate']:.2f} ({cfg.offpolicy.demo_data})", file=sys.stderr)
+    learner = OffPolicy(algo, critic, chunked, cfg.offpolicy, seed=cfg.seed, demos=demos)
+    kl_monitor = KLToBase(policy, cfg.kl_to_base)
+    if resuming:
+        state = source.training_state()
+        learner.load_state_dict(state["offpolicy"])
+        kl_monitor.load_state_dict(state.get("kl_to_base"))
+        if learner.iteration >= cfg.rl.iterations:
+            raise ValueError(f"{previous} is at iteration {learner.iteration} and --iterations is "
+                             f"{cfg.rl.iterations}: nothing to resume (raise --iterations to train longer)")
+        print(f"resuming {out} from iteration {learner.iteration} ({len(learner.replay)} transitions in the "
+              f"replay buffer)", file=sys.stderr)
+    wall_offset = float(source.meta.get("wall_seconds", 0.0)) if resuming else 0.0
+    t_start = time.perf_counter()
+
+    def wall_seconds() -> float:
+        return wall_offset + time.perf_counter() - t_start
+
+    run_config = {"stage": "finetune", **to_dict(cfg)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps({"run": run_config, "policy": to_dict(o)}, indent=2))
+
+    def run_eval() -> EvalResult:
+        policy.eval()
+        result = evaluate(lambda ob: policy.predict_chunk(ob, deterministic=True), chunked_eval,
+                          cfg.eval_episodes, seed=EVAL_SEED)
+        if eval_env is env:
+            learner.restart_episodes()  # evaluation left the shared envs mid-episode
+        return result
+
+    def checkpoint_contents(metrics: dict[str, Any], with_state: bool = True) -> dict[str, Any]:
+        return dict(
+            model_state=policy.state_dict(),
+            config={"policy": to_dict(o), "env": to_dict(env_cfg), "spec": source.spec.to_dict(), "run": run_config},
+            normalizer=source.normalizer,
+            meta={"stage": "finetune", "step": learner.iteration, "env_steps": learner.env_steps,
+                  "metrics": metrics, "algo": cfg.algo, "source": origin, "wall_seconds": wall_seconds()},
+            # The best checkpoint is for evaluation and deployment: it does not carry the replay buffer.
+            training_state={"offpolicy": learner.state_dict(), "kl_to_base": kl_monitor.state_dict()}
+            if with_state else None,
+        )
+
+    def save(metrics: dict[str, Any]) -> None:
+        ckpt_io.save_run_checkpoint(out, learner.iteration, **checkpoint_contents(metrics))
+
+    def evaluate_and_keep_best(when: str) -> dict[str, Any]:
+        """Evaluate, log, and write `out/best` when the success rate is the best of the run so far."""
+        result = run_eval()
+        metrics = _log_eval(log, learner, result, when, wall_seconds())
+        if ckpt_io.save_best_checkpoint(out, result.success_rate, **checkpoint_contents(metrics, False)) is not None:
+            tqdm.write(f"best so far: {out / ckpt_io.BEST_DIR} (success {result.success_rate:.2f})", file=sys.stderr)
+        return metrics
+
+    metrics: dict[str, Any] = {}
+    try:
+        with RunLogger(out, resume_step=learner.env_steps if resuming else None) as log:
+            if learner.iteration == 0:
+                if cfg.eval_episodes > 0:
+                    metrics = evaluate_and_keep_best("before fine-tuning")
+                _warm_start(learner, log)
+            bar = tqdm(range(learner.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]",
+                       initial=learner.iteration, total=cfg.rl.iterations, dynamic_ncols=True, file=sys.stderr)
+            for _ in bar:
+                stats = learner.collect()
+                kl = kl_monitor.estimate(learner.replay.recent_obs(chunked.num_envs * cfg.offpolicy.steps_per_iter))
+                t0 = time.perf_counter()
+                update = learner.update()
+                learner.iteration += 1
+                scalars = {f"train/{k}": v for k, v in update.items()}
+                scalars.update({
+                    "train/kl_to_base": kl,
+                    "train/env_steps_per_s": stats.env_steps / max(stats.seconds, 1e-9),
+                    "train/update_seconds": time.perf_counter() - t0,
+                    "train/env_steps": learner.env_steps,
+                    "train/wall_seconds": wall_seconds(),
+                })
+                if stats.episodes:
+                    scalars["train/success_rate"] = stats.successes / stats.episodes
+                    scalars["train/episode_return"] = float(np.mean(stats.episode_returns))
+                log.log(learner.env_steps, scalars)
+                bar.set_postfix(sr=f"{scalars.get('train/success_rate', float('nan')):.2f}",
+                                q=f"{update.get('q_mean', float('nan')):.2f}")
+                last = learner.iteration == cfg.rl.iterations
+                if cfg.eval_episodes > 0 and (last or learner.iteration % cfg.eval_every == 0):
+                    metrics = evaluate_and_keep_best(f"iteration {learner.iteration}")
+                if last or learner.iteration % cfg.save_every == 0:
+                    save(metrics)
+            bar.close()
+    finally:
+        env.close()
+        if eval_env is not env:
+            eval_env.close()
+    write_learning_curve(out)
+    return out
+
+
+def _warm_start(learner: OffPolicy, log: RunLogger) -> None:
+    """Before the first iteration: fit the critic on the demonstrations (`critic_pretrain_steps`) and fill the
+    buffer with WSRL's warm-up rollouts of the initial policy (`warmup_steps`)."""
+    cfg = learner.cfg
+    if cfg.critic_pretrain_steps:
+        metrics = learner.pretrain_critic()
+        log.log(learner.env_steps, {f"warmup/{k}": v for k, v in metrics.items()})
+    if cfg.warmup_steps:
+        stats = learner.collect(cfg.warmup_steps, warmup=True)
+        scalars = {"warmup/env_steps": float(learner.env_steps)}
+        if stats.episodes:
+            scalars["warmup/success_rate"] = stats.successes / stats.episodes
+        log.log(learner.env_steps, scalars)

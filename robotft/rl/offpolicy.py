@@ -1,0 +1,342 @@
+"""The off-policy core beside the PPO core: chunk-level replay, a LayerNorm Q ensemble, a configurable UTD ratio.
+
+Read top to bottom: `collect` rolls the policy out for `steps_per_iter` chunks in every env and adds every executed
+chunk to the replay buffer (robotft.rl.replay; truncation keeps the final observation to bootstrap from), then
+`update` takes `utd × (new transitions)` critic steps, each on a minibatch that is half online data and half
+demonstrations when a dataset store is given (RLPD's symmetric sampling, Ball et al. 2023, arXiv 2302.02948, §3),
+with the n-step soft Bellman target
+
+    y = R + γ^m (1 - d) (min_{j ∈ subset} Q̄_j(s', a') - α log π(a'|s')),   a' ~ π(·|s'),
+
+(SAC, Haarnoja et al. 2018; min over a random subset of the target ensemble, REDQ), Polyak-averaged targets, and
+an actor step every `actor_every` critic steps. What is acted, what the critic's action is and how the actor
+learns come from an `OffPolicyAlgorithm` (dsrl, pa_rl, residual_sac, filtered_bc).
+
+Starting points, from the fine-tuning papers: the Q-function starts from scratch on top of the BC policy (PORL's
+policy-only initialisation, the default: no offline pessimism to unlearn); `warmup_steps` first fills the buffer
+with rollouts of the initial policy (WSRL, Zhou et al. 2024, arXiv 2412.07762: a small warm-up instead of keeping
+the offline data); `critic_warmup_iters` trains only the critic at the start so the actor does not follow a random
+Q; `critic_pretrain_steps` fits the critic on the demonstrations alone before any rollout.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from robotft.envs.base import Obs
+from robotft.envs.chunked import ChunkedEnv
+from robotft.policies.base import Policy
+from robotft.rl.q_ensemble import QEnsemble, polyak, subset_min
+from robotft.rl.replay import ChunkReplayBuffer, ReplayBatch
+
+
+@dataclass
+class OffPolicyConfig:
+    """Hyper-parameters of the off-policy core (`--offpolicy.X`); `--iterations` (rl.iterations) counts
+    collect-then-update cycles."""
+
+    steps_per_iter: int = 4
+    """Chunks collected per env per iteration."""
+    utd: float = 1.0
+    """Update-to-data ratio: critic gradient steps per collected chunk transition (RLPD uses 5-20 with one env;
+    with many parallel envs a ratio below 1 is usual)."""
+    batch_size: int = 256
+    """Transitions per gradient step (online and demonstrations together)."""
+    buffer_size: int = 200_000
+    """Replay capacity in chunk transitions (rounded up to a multiple of env.num_envs)."""
+    gamma: float = 0.99
+    """Discount per chunk."""
+    n_step: int = 1
+    """n of the n-step return; the walk stops at the end of an episode."""
+    tau: float = 0.005
+    """Polyak rate of the target critics."""
+    critic_lr: float = 3e-4
+    """Learning rate of the Q ensemble."""
+    num_critics: int = 2
+    """Q ensemble size E (RLPD uses 10)."""
+    num_min: int = 2
+    """Members the target takes the minimum over (a random subset when smaller than E)."""
+    critic_hidden: tuple[int, ...] = (256, 256)
+    """Hidden widths of each Q network (LayerNorm after each)."""
+    actor_every: int = 1
+    """Critic steps per actor step (delayed policy updates)."""
+    max_grad_norm: float = 10.0
+    """Gradient norm clip of the critic; 0 disables it."""
+    warmup_steps: int = 0
+    """WSRL warm-up: chunks per env collected with the initial policy before the first iteration (count as env
+    steps)."""
+    critic_warmup_iters: int = 0
+    """Iterations at the start that train only the critic."""
+    critic_pretrain_steps: int = 0
+    """Critic gradient steps on the demonstrations alone before the first rollout (needs `demo_data`); 0 keeps
+    PORL's from-scratch Q."""
+    demo_data: str = ""
+    """A dataset store (demonstrations, or deployments recorded with `robotft deploy --record`) mixed into every
+    minibatch; empty: online data only."""
+    demo_ratio: float = 0.5
+    """Fraction of each minibatch drawn from `demo_data` (RLPD's symmetric sampling: 0.5)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps_per_iter", "batch_size", "buffer_size", "n_step", "num_critics", "num_min",
+                     "actor_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"offpolicy.{name} must be >= 1, got {getattr(self, name)}")
+        if self.utd <= 0:
+            raise ValueError(f"offpolicy.utd must be > 0, got {self.utd}")
+        if not 0 < self.gamma <= 1 or not 0 < self.tau <= 1:
+            raise ValueError(f"offpolicy.gamma and offpolicy.tau must be in (0, 1], got {self.gamma}, {self.tau}")
+        if not 0 <= self.demo_ratio < 1:
+            raise ValueError(f"offpolicy.demo_ratio must be in [0, 1), got {self.demo_ratio}")
+        if min(self.warmup_steps, self.critic_warmup_iters, self.critic_pretrain_steps) < 0:
+            raise ValueError("offpolicy.warmup_steps, critic_warmup_iters and critic_pretrain_steps must be >= 0")
+        if self.critic_pretrain_steps and not self.demo_data:
+            raise ValueError("offpolicy.critic_pretrain_steps needs offpolicy.demo_data (a dataset store)")
+
+
+class OffPolicyAlgorithm(abc.ABC):
+    """What an off-policy algorithm tells the core: how it acts, what the critic's action is, how its actor learns.
+
+    `policy` is what is checkpointed and evaluated (`predict_chunk`); for DSRL and residual SAC it wraps the frozen
+    base the run started from."""
+
+    name: str
+    core = "offpolicy"
+    """Which fine-tuning loop runs this algorithm (robotft.finetune)."""
+    rl_defaults: ClassVar[dict[str, Any]] = {}
+    """The PPO core's `rl.` defaults (robotft.finetune.FinetuneConfig.for_algorithm): none apply here."""
+    offpolicy_defaults: ClassVar[dict[str, Any]] = {}
+    """This algorithm's own values for the off-policy core's `offpolicy.` fields (FinetuneConfig.for_algorithm)."""
+    policy: Policy
+    action_dim: int
+    """Width of the critic's action input."""
+    uses_critic: bool = True
+    """False for algorithms that learn without a Q-function (filtered BC): the core then trains no critic."""
+    only_successful: bool = False
+    """The actor learns only from transitions of successful episodes (filtered BC)."""
+    critic: QEnsemble | None = None
+    """The core's critic, set when the core is built (PA-RL acts with it)."""
+
+    @abc.abstractmethod
+    def act(self, obs: Obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(chunk [B, H, A] env units, critic action [B, action_dim])` for a batch of histories (no gradients)."""
+
+    def warmup_act(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The initial policy's action, for WSRL's warm-up rollouts; by default `act`."""
+        return self.act(obs)
+
+    @abc.abstractmethod
+    def critic_action_from_chunk(self, chunk: torch.Tensor) -> torch.Tensor | None:
+        """Critic actions `[N, action_dim]` of chunks from a dataset store (env units), or None when the critic's
+        action cannot be recovered from a chunk (DSRL acts in noise space): then demonstrations are not mixed."""
+
+    def target_action(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(a' [N, action_dim], log π(a'|s') [N] or None)` for the Bellman target (no gradients needed)."""
+        raise NotImplementedError(f"{self.name} trains no critic")
+
+    def alpha(self) -> float:
+        """The entropy coefficient of the soft target (0: a plain Bellman target)."""
+        return 0.0
+
+    @abc.abstractmethod
+    def update_actor(self, batch: ReplayBatch, critic: QEnsemble | None) -> dict[str, float]:
+        """One actor step on `batch` against the current critic (None when `uses_critic` is False)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Actor optimizer, temperature and any other state beyond the policy's weights, for resume."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless by default
+        """Restore `state_dict()`."""
+
+
+@dataclass
+class CollectStats:
+    """What one `collect` call saw."""
+
+    env_steps: int
+    episodes: int
+    successes: int
+    episode_returns: list[float]
+    seconds: float
+
+
+def concat_batches(a: ReplayBatch, b: ReplayBatch) -> ReplayBatch:
+    """One minibatch of the rows of `a` then `b`."""
+    return ReplayBatch(
+        obs={k: torch.cat([a.obs[k], b.obs[k]]) for k in a.obs},
+        action=torch.cat([a.action, b.action]), chunk=torch.cat([a.chunk, b.chunk]),
+        reward=torch.cat([a.reward, b.reward]), discount=torch.cat([a.discount, b.discount]),
+        next_obs={k: torch.cat([a.next_obs[k], b.next_obs[k]]) for k in a.next_obs},
+        success=torch.cat([a.success, b.success]),
+    )
+
+
+class OffPolicy:
+    """Collects chunk transitions into a replay buffer and updates a Q ensemble and an OffPolicyAlgorithm."""
+
+    def __init__(self, algo: OffPolicyAlgorithm, critic: QEnsemble | None, env: ChunkedEnv, cfg: OffPolicyConfig,
+                 seed: int = 0, demos: ChunkReplayBuffer | None = None) -> None:
+        self.algo, self.critic, self.env, self.cfg = algo, critic, env, cfg
+        self.device = env.device
+        self.target = copy.deepcopy(critic).requires_grad_(False) if critic is not None else None
+        self.critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr) if critic is not None else None
+        self.replay = ChunkReplayBuffer(cfg.buffer_size, env.num_envs, self.device)
+        self.demos = demos
+        algo.critic = critic  # PA-RL re-ranks its rollouts' chunks with it
+        if demos is not None:
+            action = algo.critic_action_from_chunk(demos.data["chunk"])
+            if action is None:
+                raise ValueError(f"--algo {algo.name} acts in a space demonstrations do not record (the critic's "
+                                 f"action is not a chunk): leave offpolicy.demo_data empty")
+            demos.data["action"] = action.to(demos.device)
+        self.iteration = 0
+        self.env_steps = 0
+        self.updates = 0
+        self.seed = seed
+        self._obs: Obs | None = None
+        self._gen = torch.Generator().manual_seed(seed)
+
+    # -- rollout ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def collect(self, steps: int | None = None, warmup: bool = False) -> CollectStats:
+        """Roll out `steps` (default `steps_per_iter`) chunks per env into the replay buffer."""
+        env = self.env
+        if self._obs is None:
+            self.replay.end_streams()  # the envs restart: earlier episodes end where they stopped
+            self._obs = env.reset(seed=self.seed + 10_000 * self.iteration + 5_000 * warmup)
+        t0 = time.perf_counter()
+        episodes = successes = env_steps = 0
+        returns: list[float] = []
+        self.algo.policy.eval()
+        for _ in range(steps or self.cfg.steps_per_iter):
+            obs = self._obs
+            chunk, action = self.algo.warmup_act(obs) if warmup else self.algo.act(obs)
+            next_obs, reward, terminated, truncated, info = env.step(chunk)
+            done = terminated | truncated
+            self.replay.add(obs, action, chunk, reward, info["final_obs"], terminated, done, info["success"])
+            self._obs = next_obs
+            env_steps += int(info["steps"])
+            if done.any():
+                episodes += int(done.sum())
+                successes += int((info["success"] & done).sum())
+                returns += info["episode_return"][done].tolist()
+        self.env_steps += env_steps
+        return CollectStats(env_steps, episodes, successes, returns, time.perf_counter() - t0)
+
+    def restart_episodes(self) -> None:
+        """Start fresh episodes at the next `collect` (after an evaluation stepped the training envs)."""
+        self._obs = None
+
+    # -- update -----------------------------------------------------------------------------------
+
+    def sample(self, n: int, only_successful: bool = False) -> ReplayBatch | None:
+        """A minibatch of `n` transitions: a `demo_ratio` share from the demonstrations when there are any
+        (RLPD), the rest from the online buffer; None when nothing qualifies yet."""
+        cfg = self.cfg
+        parts = []
+        n_demo = round(n * cfg.demo_ratio) if self.demos is not None else 0
+        if len(self.replay) == 0:
+            n_demo = n if self.demos is not None else 0
+        for buf, k in ((self.replay, n - n_demo), (self.demos, n_demo)):
+            if buf is None or k == 0 or len(buf) == 0:
+                continue
+            idx = buf.sample_indices(k, self._gen, only_success=only_successful)
+            if idx.numel():
+                parts.append(buf.batch(idx, cfg.n_step, cfg.gamma))
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else concat_batches(*parts)
+
+    def update(self, num_updates: int | None = None, train_actor: bool | None = None) -> dict[str, float]:
+        """`num_updates` (default utd × the last iteration's transitions) critic steps with actor steps every
+        `actor_every`; returns mean metrics."""
+        cfg = self.cfg
+        if num_updates is None:
+            num_updates = max(1, round(cfg.utd * cfg.steps_per_iter * self.env.num_envs))
+        if train_actor is None:
+            train_actor = self.iteration >= cfg.critic_warmup_iters
+        metrics: dict[str, list[float]] = {}
+        self.algo.policy.eval()  # the rollouts' mode; nothing the actors train here depends on train mode
+        for _ in range(num_updates):
+            step: dict[str, float] = {}
+            batch = None
+            if self.critic is not None:
+                batch = self.sample(cfg.batch_size)
+                if batch is None:
+                    break
+                step.update(self._critic_step(batch))
+            self.updates += 1
+            if train_actor and self.updates % cfg.actor_every == 0:
+                if self.algo.only_successful:
+                    batch = self.sample(cfg.batch_size, only_successful=True)
+                if batch is None:
+                    break  # nothing to learn from yet (filtered BC before the first success)
+                step.update(self.algo.update_actor(batch, self.critic))
+            for k, v in step.items():
+                metrics.setdefault(k, []).append(v)
+        out = {k: float(np.mean(v)) for k, v in metrics.items()}
+        out["updates"] = float(self.updates)
+        out["actor_trained"] = float(train_actor)
+        out["replay_size"] = float(len(self.replay))
+        return out
+
+    def _critic_step(self, batch: ReplayBatch) -> dict[str, float]:
+        """One step on Σ_j mean (Q_j(s, a) - y)² with the soft n-step target y of the module docstring."""
+        cfg, critic = self.cfg, self.critic
+        with torch.no_grad():
+            next_action, next_logprob = self.algo.target_action(batch.next_obs)
+            q_next = subset_min(self.target(batch.next_obs, next_action), cfg.num_min, self._gen)
+            if next_logprob is not None:
+                q_next = q_next - self.algo.alpha() * next_logprob
+            target = batch.reward + batch.discount * q_next
+        q = critic(batch.obs, batch.action)
+        loss = ((q - target[None]) ** 2).mean(dim=1).sum()
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.max_grad_norm > 0:
+            nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
+        self.critic_opt.step()
+        polyak(self.target, critic, cfg.tau)
+        return {"critic_loss": loss.item() / q.shape[0], "q_mean": q.mean().item(), "target_mean": target.mean().item()}
+
+    def pretrain_critic(self) -> dict[str, float]:
+        """`critic_pretrain_steps` critic steps on the demonstrations alone (before any rollout)."""
+        if self.critic is None or not self.cfg.critic_pretrain_steps:
+            return {}
+        return self.update(self.cfg.critic_pretrain_steps, train_actor=False)
+
+    # -- resume -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        state = {
+            "replay": self.replay.state_dict(),
+            "iteration": self.iteration, "env_steps": self.env_steps, "updates": self.updates,
+            "algo": self.algo.state_dict(),
+            "torch_rng": torch.get_rng_state(), "sample_rng": self._gen.get_state(),
+        }
+        if self.critic is not None:
+            state.update(critic=self.critic.state_dict(), target=self.target.state_dict(),
+                         critic_opt=self.critic_opt.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.replay.load_state_dict(state["replay"])
+        self.iteration, self.env_steps = int(state["iteration"]), int(state["env_steps"])
+        self.updates = int(state["updates"])
+        self.algo.load_state_dict(state["algo"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.target.load_state_dict(state["target"])
+            self.critic_opt.load_state_dict(state["critic_opt"])
+        torch.set_rng_state(state["torch_rng"])
+        self._gen.set_state(state["sample_rng"])
+        self._obs = None

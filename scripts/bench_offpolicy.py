@@ -1,0 +1,167 @@
+"""Benchmark of the off-policy fine-tuning algorithms against DPPO from the same BC checkpoint (issue #13):
+env steps and wall-clock each needs to reach 90% of DPPO's final success, on the hard tasks of the fine-tuning
+benchmark, over several seeds. Everything runs through the real CLI.
+
+Per task: motion-planned (or scripted) demos → one diffusion BC (DDPM, as DPPO fine-tunes it) shared by every run →
+DPPO, DSRL (the same network decoded with DDIM η = 0: `--policy.sampler ddim`), PA-RL, residual SAC (a residual
+wrapped around the BC at the start) and filtered BC, one run per algorithm and seed. Stages whose output exists are
+skipped, so an interrupted benchmark continues where it stopped.
+
+The threshold is 0.9 × DPPO's final evaluation success (mean over seeds); for every algorithm the first evaluation
+whose mean success reaches it gives `env_steps_to_target` and `wall_seconds_to_target`, and `env_step_ratio` is
+that over DPPO's own. The issue's target: the best off-policy method reaches it with ≤ 1/5 of DPPO's env steps.
+Writes `<out>/bench_offpolicy.json` and `<out>/bench_offpolicy_<task>.png` (success vs env steps and wall-clock).
+
+    python scripts/bench_offpolicy.py --budget gpu --out runs/bench_offpolicy_gpu      # ManiSkill GPU sim
+    python scripts/bench_offpolicy.py --budget cpu --envs maniskill/pick_cube          # hours on 2 cores
+    python scripts/bench_offpolicy.py --budget smoke --seeds 0 --out /tmp/bench_off    # checks the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_pipeline import run_stage  # noqa: E402
+from bench_rl import _curve, _mean_curve, _once, _plot  # noqa: E402
+
+BUDGETS = {
+    "smoke": dict(demos=4, bc_steps=20, iterations=1, offpolicy_iterations=1, num_envs=1, steps_per_iter=5,
+                  offpolicy_steps_per_iter=5, utd=0.2, eval_episodes=2, eval_every=1, offpolicy_eval_every=1,
+                  sim_backend="physx_cpu", device="cpu"),
+    "cpu": dict(demos=100, bc_steps=3000, iterations=8, offpolicy_iterations=40, num_envs=2, steps_per_iter=25,
+                offpolicy_steps_per_iter=5, utd=1.0, eval_episodes=20, eval_every=4, offpolicy_eval_every=10,
+                sim_backend="physx_cpu", device="cpu"),
+    "gpu": dict(demos=100, bc_steps=20000, iterations=100, offpolicy_iterations=100, num_envs=256, steps_per_iter=25,
+                offpolicy_steps_per_iter=5, utd=0.25, eval_episodes=256, eval_every=10, offpolicy_eval_every=5,
+                sim_backend="physx_cuda", device="cuda"),
+}
+"""`--budget` presets; any single flag overrides its field. Off-policy runs collect fewer chunks per iteration
+(`offpolicy_steps_per_iter`) and update `utd` critic steps per collected chunk."""
+
+ALGORITHMS = {
+    "dppo": [],
+    "dsrl": ["--policy.sampler", "ddim"],
+    "pa_rl": [],
+    "residual_sac": [],
+    "filtered_bc": [],
+}
+"""Algorithm → extra flags; every run starts from the task's diffusion BC checkpoint."""
+TASKS = ("maniskill/pick_cube", "maniskill/stack_cube", "robosuite/pick_place_can")
+
+
+def _parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--budget", choices=list(BUDGETS), default="cpu")
+    p.add_argument("--out", default="runs/bench_offpolicy")
+    p.add_argument("--envs", default=",".join(TASKS), help="comma-separated env presets")
+    p.add_argument("--algos", default=",".join(ALGORITHMS), help="comma-separated subset of " + ",".join(ALGORITHMS))
+    p.add_argument("--seeds", default="0,1,2")
+    for field, default in BUDGETS["cpu"].items():
+        p.add_argument("--" + field.replace("_", "-"), type=type(default), default=None,
+                       help=f"overrides the budget's {field} (cpu budget: {default})")
+    args = p.parse_args()
+    for field, value in BUDGETS[args.budget].items():
+        if getattr(args, field) is None:
+            setattr(args, field, value)
+    unknown = set(args.algos.split(",")) - set(ALGORITHMS)
+    if unknown or "dppo" not in args.algos.split(","):
+        p.error(f"--algos must include dppo (the reference) and name only {list(ALGORITHMS)}")
+    return args
+
+
+def _source(args: argparse.Namespace, env: str, out: Path, stages: dict) -> Path:
+    """The task's demos and its diffusion BC checkpoint."""
+    demos = out / "demos.zarr"
+    _once(demos, f"{env}:generate", ["data", "generate", "--env", env, "--episodes", str(args.demos), "--out",
+                                     str(demos), "--seed", "0"], stages)
+    bc = out / "diffusion_bc"
+    _once(bc, f"{env}:pretrain", ["pretrain", "--env", env, "--data", str(demos), "--policy", "diffusion_mlp",
+                                  "--steps", str(args.bc_steps), "--out", str(bc), "--train.eval_episodes", "0",
+                                  "--train.device", args.device], stages)
+    return bc
+
+
+def _finetune(args: argparse.Namespace, env: str, algo: str, seed: int, source: Path, run: Path,
+              stages: dict) -> None:
+    offpolicy = algo != "dppo"
+    iterations = args.offpolicy_iterations if offpolicy else args.iterations
+    argv = ["finetune", "--from", str(source), "--algo", algo, "--out", str(run), "--iterations", str(iterations),
+            "--env.num_envs", str(args.num_envs), "--env.sim_backend", args.sim_backend, "--device", args.device,
+            "--eval_every", str(args.offpolicy_eval_every if offpolicy else args.eval_every),
+            "--eval_episodes", str(args.eval_episodes), "--seed", str(seed), *ALGORITHMS[algo]]
+    if offpolicy:
+        argv += ["--offpolicy.steps_per_iter", str(args.offpolicy_steps_per_iter), "--offpolicy.utd", str(args.utd)]
+    else:
+        argv += ["--rl.steps_per_iter", str(args.steps_per_iter)]
+    if (run / "checkpoint").exists():
+        done = json.loads((run / "checkpoint" / "meta.json").read_text())["step"]
+        if done >= iterations:
+            print(f"[{env} {algo} seed {seed}] exists: {run}", flush=True)
+            return
+        argv.append("--resume")
+    run_stage(f"{env}:{algo}_seed{seed}", argv, stages)
+
+
+def to_target(mean_curve: list[dict], target: float) -> dict:
+    """The first evaluation whose mean success reaches `target`: its env steps and wall seconds (None if never, or
+    if the target is 0: DPPO never succeeded, so there is nothing to reach)."""
+    for point in mean_curve:
+        if target > 0 and point["success_mean"] >= target:
+            return {"env_steps_to_target": point["env_steps"], "wall_seconds_to_target": point["wall_seconds"]}
+    return {"env_steps_to_target": None, "wall_seconds_to_target": None}
+
+
+def main() -> None:
+    args = _parse()
+    root = Path(args.out).resolve()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    stages: dict = {}
+    t0 = time.perf_counter()
+    tasks = {}
+    for env in args.envs.split(","):
+        out = root / env.replace("/", "_")
+        out.mkdir(parents=True, exist_ok=True)
+        source = _source(args, env, out, stages)
+        summary = {}
+        for algo in args.algos.split(","):
+            runs = {seed: out / f"{algo}_seed{seed}" for seed in seeds}
+            for seed, run in runs.items():
+                _finetune(args, env, algo, seed, source, run, stages)
+            curves = {seed: _curve(run) for seed, run in runs.items()}
+            summary[algo] = {"curves": curves, "mean_curve": _mean_curve(list(curves.values()))}
+        dppo_final = summary["dppo"]["mean_curve"][-1]
+        target = 0.9 * dppo_final["success_mean"]
+        for res in summary.values():
+            res.update(to_target(res["mean_curve"], target))
+            steps = res["env_steps_to_target"]
+            ref = summary["dppo"]["env_steps_to_target"] or dppo_final["env_steps"]
+            res["env_step_ratio"] = None if steps is None or not ref else steps / ref
+        tasks[env] = {"target_success": target, "dppo_final_success": dppo_final["success_mean"],
+                      "algorithms": summary}
+        _plot(summary, out.parent / f"bench_offpolicy_{out.name}.png",
+              f"{env}: off-policy vs DPPO from one BC ({args.demos} demos), {len(seeds)} seeds")
+    result = {"budget": vars(args), "stages": stages, "total_seconds": round(time.perf_counter() - t0, 1),
+              "tasks": tasks}
+    (root / "bench_offpolicy.json").write_text(json.dumps(result, indent=2))
+    for env, task in tasks.items():
+        print(f"\n{env}: target {task['target_success']:.2f} (0.9 x DPPO's final {task['dppo_final_success']:.2f})")
+        print(f"{'algorithm':<14}{'start':>7}{'end':>7}{'env steps':>11}{'to target':>11}{'wall s':>9}{'ratio':>7}")
+        for algo, res in task["algorithms"].items():
+            first, last = res["mean_curve"][0], res["mean_curve"][-1]
+            ratio = "-" if res["env_step_ratio"] is None else f"{res['env_step_ratio']:.2f}"
+            reached = res["env_steps_to_target"]
+            print(f"{algo:<14}{first['success_mean']:>7.2f}{last['success_mean']:>7.2f}{last['env_steps']:>11}"
+                  f"{reached if reached is not None else '-':>11}{res['wall_seconds_to_target'] or '-':>9}{ratio:>7}")
+    print(f"\nwrote {root / 'bench_offpolicy.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""The off-policy algorithms: each raises success on the toy suite; a killed and resumed run keeps its replay buffer
+and counters; DSRL leaves its base bit-identical and decodes deterministically; PA-RL's distillation lowers the BC
+loss on the optimized actions; filtered BC learns only from successful episodes."""
+
+import json
+
+import pytest
+import torch
+from tiny_specs import tiny_spec_and_normalizer
+
+from robotft import checkpoint as ckpt_io
+from robotft.cli import main
+from robotft.config import EnvConfig
+from robotft.datasets.normalizer import Normalizer
+from robotft.envs.chunked import ChunkedEnv
+from robotft.envs.factory import make_env
+from robotft.finetune import FinetuneConfig, run_finetune
+from robotft.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
+from robotft.policies.flow import FlowPolicy, FlowPolicyConfig
+from robotft.policies.gaussian import GaussianPolicy, GaussianPolicyConfig
+from robotft.rl.dsrl import DSRL, DSRLConfig
+from robotft.rl.filtered_bc import FilteredBC, FilteredBCConfig
+from robotft.rl.offpolicy import OffPolicy, OffPolicyConfig
+from robotft.rl.pa_rl import PARL, PARLConfig
+from robotft.rl.ppo import PPOConfig
+from robotft.rl.q_ensemble import QEnsemble
+from robotft.rl.replay import ReplayBatch
+from robotft.rl.residual_sac import ResidualSACConfig
+from robotft.runlog import read_metrics
+
+TOY_NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=50, max_episode_steps=40, control_mode="velocity_2d",
+                      reward_mode="dense", control_hz=10.0)
+
+# Small networks and a CPU-sized update budget: 50 envs × 4 chunks per iteration, 50 critic steps per iteration.
+SMALL = dict(utd=0.25, batch_size=128, critic_hidden=(64, 64), critic_warmup_iters=3)
+
+
+def _offpolicy_cfg(source, out, algo: str, iterations: int, save_every: int | None = None, **sections):
+    offpolicy = OffPolicyConfig(**{**SMALL, **sections.pop("offpolicy", {})})
+    return FinetuneConfig(source=str(source), out=str(out), algo=algo, env=TOY_NAV2D,
+                          rl=PPOConfig(iterations=iterations), offpolicy=offpolicy, eval_episodes=0,
+                          save_every=save_every or iterations, seed=0, **sections)
+
+
+@pytest.fixture(scope="module")
+def weak_flow_bc(tmp_path_factory, toy_pretrain):
+    """A flow policy after 200 BC steps: some success on nav2d, room to improve."""
+    return toy_pretrain(tmp_path_factory.mktemp("flow_bc") / "bc", "flow_transformer", 200, "--policy.width", "64",
+                        "--policy.num_layers", "1", "--policy.num_steps", "4", "--policy.state_hidden_dims", "64",
+                        "--train.lr", "3e-3", "--train.batch_size", "128")
+
+
+# -- learning on the toy suite ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo, margin", [("residual_sac", 0.15), ("pa_rl", 0.2), ("filtered_bc", 0.05)])
+def test_offpolicy_algorithm_raises_success_on_toy(tmp_path, weak_gaussian_bc, toy_success, algo, margin):
+    """A weak Gaussian BC (about 0.3 success) → 10 iterations (8,000 env steps) must beat it beyond the evaluation
+    noise of 400 episodes (std ≈ 0.023)."""
+    sections = {"filtered_bc": {"filtered_bc": FilteredBCConfig(lr=1e-3)},
+                "residual_sac": {"residual_sac": ResidualSACConfig(residual_hidden=(64, 64)),
+                                 "offpolicy": {"actor_every": 2}}}.get(algo, {})
+    out = run_finetune(_offpolicy_cfg(weak_gaussian_bc, tmp_path / algo, algo, 10, **sections))
+    before, after = toy_success(weak_gaussian_bc), toy_success(out)
+    assert after > before + margin, f"{algo} should improve on BC: {before:.2f} -> {after:.2f}"
+
+
+def test_dsrl_raises_success_on_toy_and_leaves_the_base_bit_identical(tmp_path, weak_flow_bc, toy_success):
+    out = run_finetune(_offpolicy_cfg(weak_flow_bc, tmp_path / "dsrl", "dsrl", 10,
+                                      dsrl=DSRLConfig(actor_hidden=(64, 64))))
+    before, after = toy_success(weak_flow_bc), toy_success(out)
+    assert after > before + 0.1, f"DSRL should improve on BC: {before:.2f} -> {after:.2f}"
+    base = ckpt_io.read_checkpoint(weak_flow_bc).model_state
+    tuned = ckpt_io.read_checkpoint(out).model_state
+    assert {k.removeprefix("base.") for k in tuned if k.startswith("base.")} == set(base)
+    for k, v in base.items():
+        assert torch.equal(tuned["base." + k], v), f"base weight {k} changed"
+
+
+# -- resume --------------------------------------------------------------------------------------------------
+
+
+class _Killed(RuntimeError):
+    pass
+
+
+def test_killed_run_resumes_with_the_same_replay_buffer(tmp_path, weak_gaussian_bc, monkeypatch):
+    out = tmp_path / "run"
+    cfg = _offpolicy_cfg(weak_gaussian_bc, out, "residual_sac", 4, save_every=1,
+                         offpolicy={"critic_warmup_iters": 0}, residual_sac=ResidualSACConfig(residual_hidden=(32,)))
+    original = OffPolicy.collect
+
+    def dies_in_iteration_3(self, *args, **kwargs):
+        if self.iteration == 2:
+            raise _Killed("killed")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(OffPolicy, "collect", dies_in_iteration_3)
+    with pytest.raises(_Killed):
+        run_finetune(cfg)
+    saved = ckpt_io.read_checkpoint(out)
+    assert saved.meta["step"] == 2
+    state = saved.training_state()["offpolicy"]
+    replay = state["replay"]
+    assert replay["size"] == replay["added"] == 2 * 4 * 50 and state["env_steps"] == 2 * 4 * 50 * 4
+
+    seen = {}
+
+    def records_the_restored_buffer(self, *args, **kwargs):
+        if self.iteration == 2 and not seen:
+            seen.update({k: {n: t.clone() for n, t in v.items()} if isinstance(v, dict) else v
+                         for k, v in self.replay.state_dict().items()})
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(OffPolicy, "collect", records_the_restored_buffer)
+    run_finetune(cfg, resume=True)
+    for group in ("data", "obs", "next_obs"):
+        for k, v in replay[group].items():
+            assert torch.equal(seen[group][k], v), f"replay {group}/{k} differs after the resume"
+    assert (seen["pos"], seen["size"], seen["added"]) == (replay["pos"], replay["size"], replay["added"])
+    final = ckpt_io.read_checkpoint(out)
+    resumed = final.training_state()["offpolicy"]
+    assert final.meta["step"] == 4 and final.meta["env_steps"] == 2 * saved.meta["env_steps"]
+    assert resumed["replay"]["added"] == 2 * replay["added"] and resumed["updates"] == 2 * state["updates"]
+    assert torch.equal(resumed["replay"]["data"]["reward"][: replay["size"]], replay["data"]["reward"])
+
+
+# -- DSRL ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["diffusion", "flow"])
+def test_dsrl_decodes_the_same_noise_to_the_same_chunk_and_never_moves_the_base(family):
+    spec, norm = tiny_spec_and_normalizer()
+    torch.manual_seed(0)
+    if family == "diffusion":
+        base = DiffusionPolicy(DiffusionPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(16,),
+                                                     num_train_timesteps=10, sampler="ddim", ddim_steps=3), spec, norm)
+    else:
+        base = FlowPolicy(FlowPolicyConfig(horizon_steps=4, act_steps=2, width=16, num_heads=2, num_layers=1,
+                                           state_hidden_dims=(16,), num_steps=3), spec, norm)
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    algo = DSRL(base, DSRLConfig(actor_hidden=(16,)))
+    obs = {"state": torch.randn(6, 1, 3)}
+    noise = torch.randn(6, 8)
+    first, second = algo.policy.decode(obs, noise), algo.policy.decode(obs, noise)
+    assert torch.equal(first, second)
+    assert not torch.equal(first, algo.policy.decode(obs, torch.randn(6, 8))), "the noise must steer the chunk"
+    critic = QEnsemble(["state"], 3, algo.action_dim, norm, hidden_dims=(16,))
+    batch = ReplayBatch(obs=obs, action=noise, chunk=first, reward=torch.zeros(6), discount=torch.ones(6),
+                        next_obs=obs, success=torch.zeros(6, dtype=torch.bool))
+    actor_before = [p.clone() for p in algo.policy.actor.parameters()]
+    for _ in range(3):
+        algo.update_actor(batch, critic)
+    assert any(not torch.equal(a, p) for a, p in zip(actor_before, algo.policy.actor.parameters(), strict=True))
+    for k, v in algo.policy.base.state_dict().items():
+        assert torch.equal(v, before[k]), f"base weight {k} changed"
+
+
+def test_dsrl_refuses_ddpm_sampling():
+    spec, norm = tiny_spec_and_normalizer()
+    base = DiffusionPolicy(DiffusionPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(16,),
+                                                 num_train_timesteps=10), spec, norm)
+    algo = DSRL(base, DSRLConfig(actor_hidden=(16,)))
+    with pytest.raises(ValueError, match="sampler ddim"):
+        algo.act({"state": torch.randn(2, 1, 3)})
+
+
+# -- PA-RL ---------------------------------------------------------------------------------------------------
+
+
+def test_pa_rl_distillation_lowers_the_bc_loss_on_the_optimized_actions():
+    spec, norm = tiny_spec_and_normalizer()
+    torch.manual_seed(0)
+    policy = GaussianPolicy(GaussianPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(32,)), spec, norm)
+    algo = PARL(policy, PARLConfig(num_samples=4, local_steps=2, local_lr=0.1, distill_lr=1e-3, distill_steps=20))
+    critic = QEnsemble(["state"], 3, algo.action_dim, norm, hidden_dims=(16,))
+    obs = {"state": torch.randn(32, 1, 3)}
+    targets = algo.improve(obs, critic)
+    bc_before = policy.loss({"obs": obs, "action": targets})[0].item()
+    algo.distill(obs, targets)
+    bc_after = policy.loss({"obs": obs, "action": targets})[0].item()
+    assert bc_after < 0.9 * bc_before, f"distillation should fit the optimized actions: {bc_before:.3f} -> {bc_after:.3f}"
+
+
+# -- filtered BC ---------------------------------------------------------------------------------------------
+
+
+def test_filtered_bc_trains_only_on_successful_episodes():
+    """Successful episodes act -1, failed ones +1: filtered BC must pull the policy's mean towards -1 only."""
+    env = ChunkedEnv(make_env(EnvConfig(backend="toy", task="nav2d", num_envs=4, max_episode_steps=40,
+                                        control_mode="velocity_2d")), 1, 2)
+    norm = Normalizer.fit({"state": torch.randn(50, 4).numpy(), "action": torch.rand(50, 2).numpy() * 2 - 1},
+                          {"state": "meanstd", "action": "minmax"})
+    policy = GaussianPolicy(GaussianPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(32,), bc_loss="mse"),
+                            env.spec, norm)
+    algo = FilteredBC(policy, FilteredBCConfig(lr=3e-3))
+    learner = OffPolicy(algo, None, env, OffPolicyConfig(batch_size=16, buffer_size=64))
+    obs = {"state": torch.zeros(4, 1, 4)}
+    won = torch.tensor([True, False, True, False])
+    chunk = torch.where(won[:, None, None], -1.0, 1.0).expand(4, 4, 2).clone()
+    for t in range(3):
+        last = torch.full((4,), t == 2)
+        learner.replay.add(obs, chunk[:, :2].flatten(1), chunk, torch.zeros(4), obs, last & won, last, won)
+    assert learner.sample(64, only_successful=True).success.all()
+    learner.update(num_updates=100, train_actor=True)
+    mean = policy.predict_chunk(obs, deterministic=True)
+    assert (mean < -0.8).all(), f"the policy should imitate only the successful chunks, got {mean[0, 0]}"
+
+
+# -- the command line ----------------------------------------------------------------------------------------
+
+
+def test_cli_runs_an_offpolicy_algorithm_and_robotft_eval_loads_its_checkpoint(tmp_path, weak_flow_bc, capsys):
+    """`robotft finetune --algo dsrl` with core flags, evaluated before and after, then `robotft eval` (no flags)."""
+    out = tmp_path / "dsrl"
+    assert main(["finetune", "--from", str(weak_flow_bc), "--algo", "dsrl", "--iterations", "2", "--out", str(out),
+                 "--env.num_envs", "8", "--offpolicy.utd", "0.1", "--offpolicy.critic_hidden", "32",
+                 "--dsrl.actor_hidden", "32", "--eval_episodes", "4", "--eval_every", "1"]) == 0
+    evals = [r for r in read_metrics(out) if "eval/success_rate" in r]
+    assert [r["step"] for r in evals] == [0, 8 * 4 * 4, 2 * 8 * 4 * 4]
+    run = json.loads((out / "config.json").read_text())["run"]
+    assert run["offpolicy"]["critic_warmup_iters"] == 3, "dsrl's own core defaults apply under the user's flags"
+    capsys.readouterr()
+    assert main(["eval", str(out), "--episodes", "4", "--num-envs", "4", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["episodes"] == 4
+
+
+def test_demonstrations_from_a_store_feed_the_update_and_dsrl_refuses_them(tmp_path, weak_gaussian_bc, weak_flow_bc,
+                                                                           toy_demos):
+    """RLPD mixing: a dataset store's episodes fill half of every minibatch (and pre-train the critic); DSRL acts
+    in noise space, which demonstrations do not record."""
+    out = run_finetune(_offpolicy_cfg(weak_gaussian_bc, tmp_path / "rsac", "residual_sac", 1,
+                                      offpolicy={"demo_data": str(toy_demos), "critic_pretrain_steps": 5,
+                                                 "warmup_steps": 2}))
+    rows = read_metrics(out)
+    warm = [r for r in rows if "warmup/critic_loss" in r]
+    assert warm and warm[0]["step"] == 0 and warm[0]["warmup/updates"] == 5
+    assert any("warmup/env_steps" in r for r in rows)
+    final = ckpt_io.read_checkpoint(out)
+    assert final.meta["env_steps"] == (2 + 4) * 50 * 4  # the WSRL warm-up's chunks count as env steps
+    with pytest.raises(ValueError, match="demo_data"):
+        run_finetune(_offpolicy_cfg(weak_flow_bc, tmp_path / "dsrl", "dsrl", 1,
+                                    offpolicy={"demo_data": str(toy_demos)}))
