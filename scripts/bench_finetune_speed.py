@@ -57,6 +57,9 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--final-episodes", type=int, default=100, help="episodes to score each final checkpoint")
     p.add_argument("--configs", default="before,after")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy-only", action="store_true",
+                   help="only time the policy's side of an iteration (act per chunk, one update) on recorded-size "
+                        "inputs, without simulating: the part of the iteration these changes act on")
     return p.parse_args()
 
 
@@ -146,6 +149,50 @@ def _finetune(args: argparse.Namespace, name: str, bc: Path, run: Path) -> dict:
     }
 
 
+def _policy_side(args: argparse.Namespace, name: str, bc: Path) -> dict:
+    """Seconds of `DPPO.act` per chunk for `num_envs` envs and of one PPO update over a rollout of
+    `steps_per_iter` chunks, with the configuration's sampler, on one thread; no simulator."""
+    import contextlib
+
+    import torch
+
+    from robotft.checkpoint import load_policy
+    from robotft.config import apply_overrides
+    from robotft.finetune import FinetuneConfig, make_algorithm, make_critic
+    from robotft.policies.base import build_policy
+    from robotft.rl.buffer import RolloutBuffer
+    from robotft.rl.dppo import DPPOConfig
+    from robotft.rl.ppo import PPO, PPOConfig
+
+    torch.set_num_threads(1)
+    spec_ = CONFIGS[name]
+    base, ckpt = load_policy(bc)
+    policy = build_policy(apply_overrides(base.config, spec_["policy"], prefix="policy."), ckpt.spec, ckpt.normalizer)
+    policy.load_state_dict(base.state_dict())
+    cfg = FinetuneConfig(algo="dppo", rl=PPOConfig(steps_per_iter=args.steps_per_iter, critic_warmup_iters=0,
+                                                  target_kl=0.0),
+                         dppo=DPPOConfig(ft_denoising_steps=spec_["ft_denoising_steps"]))
+    algo = make_algorithm("dppo", policy, cfg)
+    critic = make_critic(policy, ckpt.spec, ckpt.normalizer, cfg, algo)
+    ppo = PPO(algo, critic, None, cfg.rl, device="cpu")
+    dim = ckpt.spec.observations["state"].shape[0]
+    obs = {"state": torch.randn(args.num_envs, policy.config.obs_steps, dim) * 0.1}
+    buf = RolloutBuffer(args.steps_per_iter, args.num_envs, "cpu")
+    policy.eval()
+    with _Legacy() if spec_["legacy"] else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        for _ in range(args.steps_per_iter):
+            with torch.no_grad():
+                out = algo.act(obs)
+                buf.add(obs, out.sample, out.logprob, critic(obs), torch.zeros(args.num_envs),
+                        torch.zeros(args.num_envs, dtype=torch.bool))
+        act_s = (time.perf_counter() - t0) / args.steps_per_iter
+        t0 = time.perf_counter()
+        ppo.update(buf, torch.zeros(args.num_envs))
+        update_s = time.perf_counter() - t0
+    return {"act_seconds_per_chunk": act_s, "update_seconds": update_s}
+
+
 def _final_success(args: argparse.Namespace, name: str, run: Path) -> dict:
     """The final checkpoint over `final_episodes` seeded episodes, evaluated as the configuration evaluates."""
     from robotft.checkpoint import load_policy, read_checkpoint
@@ -180,6 +227,16 @@ def main() -> None:
     stages: dict = {}
     bc = _bc(args, out, stages)
     results: dict = {"args": vars(args), "stages": stages}
+    if args.policy_only:
+        for name in args.configs.split(","):
+            results[name] = _policy_side(args, name, bc)
+            print(f"[{name}] {json.dumps(results[name])}", flush=True)
+        b, a = results["before"], results["after"]
+        print(f"act per chunk {b['act_seconds_per_chunk'] * 1e3:.1f} ms -> {a['act_seconds_per_chunk'] * 1e3:.1f} ms "
+              f"({b['act_seconds_per_chunk'] / a['act_seconds_per_chunk']:.2f}x); update {b['update_seconds']:.2f} s "
+              f"-> {a['update_seconds']:.2f} s ({b['update_seconds'] / a['update_seconds']:.2f}x)", flush=True)
+        (out / "bench_policy_side.json").write_text(json.dumps(results, indent=2))
+        return
     for name in args.configs.split(","):
         run = out / name
         print(f"[{name}] fine-tuning {args.iterations} iterations ...", flush=True)
