@@ -9,7 +9,7 @@ demos) with the same envs, seed and rollout size; they differ only in what this 
           own posterior noise (`deterministic_sampler: model_std`).
   after   DDIM with 5 steps (the same network; `--policy.sampler ddim --policy.ddim_steps 5`), all 5 fine-tuned,
           log-probabilities from the sampling pass, one worker round trip per chunk, evaluation before and after
-          only, with the deterministic DDIM η = 0 chain.
+          only, with the deterministic DDIM η = 0 chain from x_K = 0.
 
 Prints, and writes to `<out>/bench_finetune_speed.json`: per configuration the seconds per iteration (rollout
 + update, from the run's own log), the wall seconds per iteration including its evaluations, and the success

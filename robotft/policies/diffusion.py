@@ -68,8 +68,9 @@ class DiffusionPolicyConfig(PolicyConfig):
     deterministic_sampler: str = "ddim_eta0"
     """What `predict_chunk(deterministic=True)` (evaluation, deployment) runs. `ddim_eta0`: every transition
     is DDIM's with η = 0 over the sampler's timesteps (Song et al. 2021 eq. 12 with σ = 0; for a DDPM policy
-    DDIM over all T steps), from one fixed initial noise x_K when no generator is given: the action is a
-    function of the observation alone. `posterior_mean`: as `ddim_eta0`, but each DDPM step takes the
+    DDIM over all T steps), from x_K = 0, the prior's mean, when no generator is given: the action is a function
+    of the observation alone. (On ManiSkill PushCube, 24 episodes each: x_K = 0 83%, random x_K 79%, DDPM's
+    own sampler 79%; one fixed random x_K shared by every observation 12-21%.) `posterior_mean`: as `ddim_eta0`, but each DDPM step takes the
     posterior mean μ̃ (Ho et al. 2020 eq. 7) instead (DDIM policies: η = 0). `model_std`: the older,
     not deterministic mode: DDPM steps keep their posterior std σ̃, DDIM takes η = 0, x_K random."""
     denoised_clip: float = 1.0
@@ -310,9 +311,6 @@ class DiffusionPolicy(Policy):
         self.register_buffer("sigma", sigma, persistent=False)  # [N] the model's own transition std σ_k
         # The same stds on the host, so that checks on them need no device sync.
         self._sigma_host: list[float] = sigma.tolist()
-        # x_K of deterministic sampling without a generator: one fixed draw shared by every row.
-        fixed = torch.randn(1, sample_dim, generator=torch.Generator().manual_seed(0))
-        self.register_buffer("fixed_noise", fixed, persistent=False)
 
         if config.ft_denoising_steps > 0:
             self.enable_finetuning(config.ft_denoising_steps)
@@ -558,13 +556,13 @@ class DiffusionPolicy(Policy):
         self, obs: Obs, deterministic: bool = True, *, generator: torch.Generator | None = None
     ) -> torch.Tensor:
         """Actions `[B, H, A]` in env units: with `deterministic`, the chain of `config.deterministic_sampler`
-        (default DDIM η = 0 from a fixed x_K, unless `generator` draws it: a function of the observation
-        alone); otherwise the model's stochastic sampler (DDPM, or DDIM with η = ddim_eta).
+        (default DDIM η = 0 from x_K = 0, unless `generator` draws x_K: a function of the observation alone);
+        otherwise the model's stochastic sampler (DDPM, or DDIM with η = ddim_eta).
         """
         cond = self.encode_obs(obs)
         x = None
         if deterministic and generator is None and self.config.deterministic_sampler != "model_std":
-            x = self.fixed_noise.expand(cond.shape[0], -1)
+            x = cond.new_zeros(cond.shape[0], self.config.horizon_steps * self.act_dim)
         latents, _ = self._denoise(cond, 0.0, deterministic, generator, score_std=None, x=x)
         return self._to_actions(latents[-1])
 
