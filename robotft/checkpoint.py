@@ -10,7 +10,9 @@ Layout (DESIGN.md):
 
 A run directory keeps numbered checkpoints in `checkpoints/step_XXXXXXXX/` and a `checkpoint` symlink
 to the newest; the directory and the link are each replaced atomically (write to a temp path, then
-rename), so a run killed at any moment leaves the previous checkpoint intact.
+rename), so a run killed at any moment leaves the previous checkpoint intact. `RUN_MARKER` names the
+stage that owns a run directory (`prepare_run_dir`), so that `--out` never writes into, and `--overwrite`
+never deletes, a directory that is not a run of the same stage.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ META_FILE = "meta.json"
 STATE_TENSORS_FILE = "training_state.safetensors"
 STATE_JSON_FILE = "training_state.json"
 LATEST_LINK = "checkpoint"
+RUN_MARKER = "robotft-run.json"
+"""File in every run directory: `{"format": ..., "stage": "pretrain" | "finetune" | ...}`."""
+RUN_FORMAT = "robotft-run"
 BEST_DIR = "best"
 """A run's checkpoint with the highest evaluation success so far (beside the latest)."""
 KEEP_LAST = 2
@@ -160,10 +165,23 @@ def save_run_checkpoint(run_dir: str | Path, step: int, **kwargs: Any) -> Path:
         link_tmp.unlink()
     os.symlink(Path("checkpoints") / ckpt.name, link_tmp)
     os.replace(link_tmp, run_dir / LATEST_LINK)
-    steps = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
-    for stale in steps[:-KEEP_LAST]:
-        shutil.rmtree(stale, ignore_errors=True)
+    _prune(run_dir / "checkpoints", step)
     return ckpt
+
+
+def _step_number(path: Path) -> int | None:
+    """The step of a `step_XXXXXXXX` folder (any number of digits); None for any other name."""
+    digits = path.name.removeprefix("step_")
+    return int(digits) if path.name.startswith("step_") and digits.isdigit() else None
+
+
+def _prune(folder: Path, newest: int) -> None:
+    """Keep the checkpoint just written (`newest`) and the KEEP_LAST - 1 before it, by step number (names
+    sort wrongly once a step outgrows the zero padding). Folders of a higher step than `newest` are not this
+    run's history and are left alone."""
+    older = sorted((n, p) for p in folder.iterdir() if (n := _step_number(p)) is not None and n < newest)
+    for _, stale in older[: max(0, len(older) - (KEEP_LAST - 1))]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def save_best_checkpoint(run_dir: str | Path, score: float, **kwargs: Any) -> Path | None:
@@ -209,6 +227,91 @@ def resume_checkpoint(run_dir: str | Path) -> Path | None:
         raise CheckpointError(f"{link}: points to {os.readlink(link) if link.is_symlink() else link}, "
                               f"which is not a complete checkpoint")
     return link.resolve()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a small text file by a temp file and a rename (a kill leaves the old or the new content)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# -- run directories --------------------------------------------------------------------------------
+
+
+def run_stage(path: Path) -> str | None:
+    """The stage whose run `path` is (from its RUN_MARKER, or from a `checkpoint` link and `config.json` of a
+    run written before markers existed); None when `path` is not a run directory."""
+    marker = path / RUN_MARKER
+    if marker.is_file():
+        try:
+            data = json.loads(marker.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{marker}: not valid JSON ({e}); expected {{\"stage\": ...}}") from e
+        stage = data.get("stage") if isinstance(data, dict) else None
+        if data.get("format") != RUN_FORMAT or not isinstance(stage, str):
+            raise CheckpointError(f"{marker}: expected {{\"format\": \"{RUN_FORMAT}\", \"stage\": ...}}, got {data!r}")
+        return stage
+    if (path / LATEST_LINK).is_symlink() and (path / CONFIG_FILE).is_file():
+        try:
+            stage = json.loads((path / CONFIG_FILE).read_text()).get("run", {}).get("stage")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            return None
+        return stage if isinstance(stage, str) else None
+    return None
+
+
+def prepare_run_dir(out: str | Path, stage: str, *, resume: bool = False, overwrite: bool = False) -> Path:
+    """Make `out` the run directory of `stage` before any work starts, and mark it (RUN_MARKER).
+
+    A missing or empty directory becomes a new run. An existing run of the same stage is continued with
+    `resume` or emptied with `overwrite`; anything else (a file, a run of another stage, a directory that is
+    not a run) is refused with a CheckpointError that says what is there, and is never deleted."""
+    out = Path(out)
+    if resume and overwrite:
+        raise CheckpointError(f"{out}: --resume and --overwrite exclude each other")
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out}: is a file, expected a run directory (a new path or a {stage} run)")
+    _remove_stale_siblings(out)
+    if out.is_dir() and any(out.iterdir()):
+        found = run_stage(out)
+        if found is None:
+            raise CheckpointError(
+                f"{out}: exists and is not a robotft run directory (no {RUN_MARKER}); choose a new --out "
+                "(robotft neither writes into nor deletes it)")
+        if found != stage:
+            raise CheckpointError(f"{out}: holds a {found} run, expected a {stage} run; choose another --out")
+        started = (out / LATEST_LINK).is_symlink() or (out / LATEST_LINK).exists()
+        if overwrite or (not resume and not started):  # a run killed before its first checkpoint: start over
+            _replace_with_empty_dir(out)
+        elif not resume:
+            raise CheckpointError(f"{out}: already holds a {stage} run; pass --resume to continue it or "
+                                  "--overwrite to replace it")
+    out.mkdir(parents=True, exist_ok=True)
+    marker = out / RUN_MARKER
+    if not marker.is_file():
+        tmp = out / f".{RUN_MARKER}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps({"format": RUN_FORMAT, "stage": stage}) + "\n")
+        os.replace(tmp, marker)
+    return out
+
+
+def _replace_with_empty_dir(out: Path) -> None:
+    """Move a run aside, put an empty directory in its place, then delete the old run (a kill in between
+    leaves a `.old-` sibling that the next `prepare_run_dir` removes)."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.replace(out, old)
+    out.mkdir()
+    shutil.rmtree(old)
+
+
+def _remove_stale_siblings(out: Path) -> None:
+    """Delete the `.old-` copy of `out` that an overwrite killed before it finished left behind."""
+    if not out.parent.is_dir():
+        return
+    for p in out.parent.glob(f".{out.name}.old-*"):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 # -- reading ----------------------------------------------------------------------------------------
@@ -263,17 +366,45 @@ class Checkpoint:
         skeleton_file = self.path / STATE_JSON_FILE
         if not skeleton_file.is_file():
             return None
-        tensors = load_file(self.path / STATE_TENSORS_FILE)
-        return unflatten_state(json.loads(skeleton_file.read_text()), tensors)
+        tensors = _load_tensors(self.path / STATE_TENSORS_FILE)
+        skeleton = _read_json(skeleton_file)
+        try:
+            return unflatten_state(skeleton, tensors)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{skeleton_file}: does not match {STATE_TENSORS_FILE} (missing tensor {e})") from e
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{path}: missing")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a missing, empty, truncated or corrupt file is a CheckpointError."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        return load_file(path)
+    except Exception as e:  # safetensors raises SafetensorError, OSError or RuntimeError by damage kind
+        raise CheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e}); "
+                              f"expected the complete file a checkpoint write leaves") from e
+
+
+def _load_normalizer(path: Path) -> Normalizer:
+    tensors = _load_tensors(path)
+    with safe_open(path, framework="pt") as f:
+        metadata = f.metadata() or {}
+    try:
+        return Normalizer.from_tensors(tensors, metadata)
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{path}: {e}") from e
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
@@ -283,13 +414,24 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         if key not in config:
             raise CheckpointError(f"{ckpt / CONFIG_FILE}: missing key {key!r}")
     meta = _read_json(ckpt / META_FILE)
-    norm_file = ckpt / NORMALIZER_FILE
-    if not norm_file.is_file():
-        raise CheckpointError(f"{norm_file}: missing")
-    with safe_open(norm_file, framework="pt") as f:
-        metadata = f.metadata() or {}
-    normalizer = Normalizer.from_tensors(load_file(norm_file), metadata)
-    return Checkpoint(ckpt, config, meta, load_file(ckpt / MODEL_FILE), normalizer)
+    normalizer = _load_normalizer(ckpt / NORMALIZER_FILE)
+    return Checkpoint(ckpt, config, meta, _load_tensors(ckpt / MODEL_FILE), normalizer)
+
+
+def load_weights(policy: torch.nn.Module, ckpt: Checkpoint) -> None:
+    """Load a checkpoint's weights into the policy its config builds; any mismatch (missing or unexpected
+    names, other shapes) is a CheckpointError naming model.safetensors."""
+    where = ckpt.path / MODEL_FILE
+    try:
+        missing, unexpected = policy.load_state_dict(ckpt.model_state, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        detail = " ".join(str(e).split())
+        raise CheckpointError(f"{where}: weights do not fit the policy in {CONFIG_FILE} ({detail[:400]})") from e
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{where}: weights do not match the policy in {CONFIG_FILE} "
+            f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
 
 
 def load_policy(path: str | Path, device: str = "cpu"):
@@ -300,10 +442,5 @@ def load_policy(path: str | Path, device: str = "cpu"):
     ckpt = read_checkpoint(path)
     policy_cfg = from_dict(policy_config_class(ckpt.config["policy"]["type"]), ckpt.config["policy"])
     policy = build_policy(policy_cfg, ckpt.spec, ckpt.normalizer)
-    missing, unexpected = policy.load_state_dict(ckpt.model_state, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{ckpt.path / MODEL_FILE}: weights do not match the policy config "
-            f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
-        )
+    load_weights(policy, ckpt)
     return policy.to(device).eval(), ckpt

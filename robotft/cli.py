@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from robotft.config import (
@@ -40,11 +42,62 @@ def _split_overrides(overrides: dict[str, str], sections: tuple[str, ...]) -> di
     return groups
 
 
+# -- bounds of counts and rates ----------------------------------------------------------------------
+
+_BOUNDS: dict[str, str] = {
+    **dict.fromkeys(("steps", "iterations", "episodes", "num_envs", "batch_size", "log_every", "save_every",
+                     "max_episode_steps", "steps_per_iter", "update_epochs", "minibatch_size", "num_workers",
+                     "envs_per_worker", "obs_steps", "horizon_steps", "act_steps", "num_train_timesteps",
+                     "ddim_steps", "num_steps"), ">=1"),
+    **dict.fromkeys(("eval_every", "eval_episodes", "eval_num_envs", "warmup_steps", "weight_decay", "grad_clip",
+                     "critic_warmup_iters", "clip_value", "dual_clip", "max_restarts", "vf_coef", "target_kl",
+                     "max_grad_norm", "bc_coef", "episode_time", "min_sampling_std", "min_logprob_std",
+                     "ft_denoising_steps", "lr", "actor_lr", "critic_lr"), ">=0"),  # lr 0: frozen, on purpose
+    **dict.fromkeys(("clip_eps", "clip_eps_base", "control_hz", "fps", "cpus_per_worker"), ">0"),
+    **dict.fromkeys(("gamma", "gae_lambda", "gamma_denoising"), "(0,1]"),
+    **dict.fromkeys(("ema_decay",), "[0,1)"),
+}
+"""Allowed range of every count and rate, by config field (or CLI option) name; every float must be finite."""
+_STAGE_BOUNDS: dict[tuple[str, str], str] = {("FinetuneConfig", "eval_every"): ">=1"}
+"""Where one config's field of a shared name has a narrower range (fine-tuning evaluates every N iterations)."""
+_TESTS = {
+    ">=1": lambda v: v >= 1, ">=0": lambda v: v >= 0, ">0": lambda v: v > 0,
+    "(0,1]": lambda v: 0 < v <= 1, "[0,1)": lambda v: 0 <= v < 1,
+}
+
+
+def check_bound(name: str, value: object, rule: str | None = None, where: str = "") -> None:
+    """Raise ConfigError when a number is NaN/inf or outside the range of `rule` (default: `_BOUNDS[name]`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    flag = f"--{where}{name}"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{flag} is {value}, expected a finite number")
+    rule = rule or _BOUNDS.get(name)
+    if rule is not None and not _TESTS[rule](value):
+        raise ConfigError(f"{flag} is {value}, expected {rule.replace('(', 'in (').replace('[', 'in [')}")
+
+
+def check_bounds(cfg: object, where: str = "") -> None:
+    """`check_bound` every numeric field of a (nested) dataclass config, before any work starts."""
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if dataclasses.is_dataclass(value):
+            check_bounds(value, f"{where}{field.name}.")
+        elif isinstance(value, (list, tuple)):
+            for v in value:  # e.g. hidden sizes: finite (a name outside _BOUNDS checks nothing else)
+                check_bound(f"{field.name}[]", v, None, where)
+        else:
+            check_bound(field.name, value, _STAGE_BOUNDS.get((type(cfg).__name__, field.name)), where)
+
+
 # -- data -------------------------------------------------------------------------------------------
 
 
 def cmd_data_generate(args: argparse.Namespace, extra: list[str]) -> int:
+    check_bound("episodes", args.episodes)
     env_cfg = load_env_config(args.env, _split_overrides(parse_override_args(extra), ("env",))["env"])
+    check_bounds(env_cfg, "env.")
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
     if env_cfg.backend == "maniskill":
         from robotft.datasets.maniskill_demos import generate_maniskill_demos
@@ -155,23 +208,29 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.pretrain import PretrainConfig, TrainConfig, run_pretrain
 
     groups = _split_overrides(parse_override_args(extra), ("env", "policy", "train"))
-    env_cfg = load_env_config(args.env, groups["env"])
+    if groups["env"] and not args.env:
+        raise ConfigError(f"--env.* overrides {sorted(groups['env'])} need --env")
+    env_cfg = load_env_config(args.env, groups["env"]) if args.env else None
     policy_path = find_preset("policies", args.policy)
     policy_data = load_yaml(policy_path)
     if "type" not in policy_data:
         raise ConfigError(f"{policy_path}: missing key 'type' (the registered policy name)")
     policy_cfg = from_dict(policy_config_class(policy_data["type"]), policy_data, where=str(policy_path))
     # The task's recipe goes over the policy preset and the training defaults; the user's flags over both.
-    recipe = env_cfg.recipe
-    policy_cfg = apply_overrides(policy_cfg, recipe.policy, prefix="env.recipe.policy.") if recipe.policy else policy_cfg
+    recipe = env_cfg.recipe if env_cfg is not None else None
+    if recipe is not None and recipe.policy:
+        policy_cfg = apply_overrides(policy_cfg, recipe.policy, prefix="env.recipe.policy.")
     policy_cfg = apply_overrides(policy_cfg, groups["policy"], prefix="policy.") if groups["policy"] else policy_cfg
     train = TrainConfig(seed=args.seed)
-    train = apply_overrides(train, recipe.train, prefix="env.recipe.train.") if recipe.train else train
+    if recipe is not None and recipe.train:
+        train = apply_overrides(train, recipe.train, prefix="env.recipe.train.")
     if args.steps is not None:
         train = dataclasses.replace(train, steps=args.steps)
     train = apply_overrides(train, groups["train"], prefix="train.") if groups["train"] else train
-    cfg = PretrainConfig(data=args.data, out=args.out, env=env_cfg, train=train)
-    out = run_pretrain(cfg, policy_cfg, resume=args.resume)
+    cfg = PretrainConfig(data=args.data, out=args.out, env=env_cfg, train=train, rig=args.rig or "")
+    check_bounds(cfg)
+    check_bounds(policy_cfg, "policy.")
+    out = run_pretrain(cfg, policy_cfg, resume=args.resume, overwrite=args.overwrite)
     print(f"checkpoint: {out / 'checkpoint'}\nlogs: tensorboard --logdir {out / 'tb'}", file=sys.stderr)
     return 0
 
@@ -188,7 +247,7 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
     elif groups["env"]:
         from robotft.checkpoint import read_checkpoint
 
-        base = from_dict(EnvConfig, read_checkpoint(args.source).config["env"])
+        base = from_dict(EnvConfig, _checkpoint_env(read_checkpoint(args.source)))
         env_cfg = apply_overrides(base, groups["env"], prefix="env.")
     # The algorithm's own defaults for the PPO core (rl_defaults), under the user's flags.
     cfg = FinetuneConfig.for_algorithm(args.algo, source=args.source, out=args.out, env=env_cfg, seed=args.seed)
@@ -198,10 +257,37 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
                                                        "kl_to_base") for k, v in groups[s].items()}
     section_overrides.update(groups[""])
     cfg = apply_overrides(cfg, section_overrides) if section_overrides else cfg
+    check_bounds(cfg)
+    _check_finetune_out(Path(args.source), Path(args.out))
+    from robotft.checkpoint import load_policy, prepare_run_dir
+
+    _, source = load_policy(args.source)  # a damaged source is refused before the run directory is made
+    if env_cfg is None:
+        _checkpoint_env(source)
+
+    prepare_run_dir(args.out, "finetune", resume=args.resume, overwrite=args.overwrite)
     out = run_finetune(cfg, policy_overrides=groups["policy"], resume=args.resume)
     print(f"checkpoint: {out / 'checkpoint'}\nlearning curve: {out / 'learning_curve.png'}\n"
           f"logs: tensorboard --logdir {out / 'tb'}", file=sys.stderr)
     return 0
+
+
+def _checkpoint_env(ckpt) -> dict:
+    """The env config a checkpoint was trained with; one trained without a simulator needs `--env`."""
+    if not ckpt.config.get("env"):
+        raise ConfigError(f"{ckpt.path}: was trained without a simulator (no env in config.json); pass --env PRESET")
+    return ckpt.config["env"]
+
+
+def _check_finetune_out(source: Path, out: Path) -> None:
+    """The fine-tuned run must not be written where the checkpoint it starts from lives."""
+    from robotft.checkpoint import resolve_checkpoint
+
+    src = resolve_checkpoint(source).resolve()
+    dst = out.resolve()
+    if dst == src or dst in src.parents:
+        raise ConfigError(f"--out {out} holds the checkpoint --from {source} starts from ({src}); "
+                          "write the fine-tuned run to another directory")
 
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
@@ -212,6 +298,8 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.evaluation import EVAL_SEED, evaluate
     from robotft.specs import check_policy_fits_env
 
+    check_bound("episodes", args.episodes)
+    check_bound("num_envs", args.num_envs, where="")
     device = resolve_device(args.device)
     choice = describe_choice(args.checkpoint)
     if choice:
@@ -223,7 +311,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         if not sep:
             raise ConfigError(f"--env-override expects KEY=VALUE, got {item!r}")
         env_overrides[key] = value
-    env_cfg = load_env_config(args.env) if args.env else from_dict(EnvConfig, ckpt.config["env"])
+    env_cfg = load_env_config(args.env) if args.env else from_dict(EnvConfig, _checkpoint_env(ckpt))
     env_cfg = dataclasses.replace(env_cfg, num_envs=args.num_envs)
     env_cfg = apply_overrides(env_cfg, env_overrides, prefix="env.") if env_overrides else env_cfg
     env = make_env(env_cfg, device=device)
@@ -250,6 +338,8 @@ def cmd_deploy(args: argparse.Namespace, extra: list[str]) -> int:
 
     if extra:
         raise ConfigError(f"deploy: unexpected arguments {extra}")
+    check_bound("episodes", args.episodes)
+    check_bound("episode_time", args.episode_time)
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
     summary = deploy(DeployOptions(
         checkpoint=args.checkpoint, rig=args.rig, episodes=args.episodes, record=args.record, record_mode=mode,
@@ -265,6 +355,7 @@ def cmd_deploy(args: argparse.Namespace, extra: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="robotft", description=__doc__.split("\n")[0])
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error (or set ROBOTFT_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="create, import, inspect and validate datasets")
@@ -317,14 +408,17 @@ def build_parser() -> argparse.ArgumentParser:
     pim.set_defaults(func=cmd_policy_import)
 
     pre = sub.add_parser("pretrain", help="BC pretraining on a dataset")
-    pre.add_argument("--env", required=True)
+    pre.add_argument("--env", default=None,
+                     help="env preset to evaluate in (its spec must match the data); without it the specs come "
+                          "from the dataset and there is no evaluation (e.g. real-robot demonstrations)")
+    pre.add_argument("--rig", default=None, help="rig preset to check the policy can be deployed on")
     pre.add_argument("--policy", required=True, help="policy preset, e.g. diffusion_mlp")
     pre.add_argument("--data", required=True)
     pre.add_argument("--steps", type=int, default=None,
                      help="gradient steps (default: the task recipe's, else train.steps' default)")
     pre.add_argument("--out", required=True)
     pre.add_argument("--seed", type=int, default=0)
-    pre.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    _add_run_mode(pre)
     pre.set_defaults(func=cmd_pretrain)
 
     ft = sub.add_parser("finetune", help="RL fine-tuning in simulation")
@@ -334,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--out", required=True)
     ft.add_argument("--env", default=None, help="env preset (default: the checkpoint's env)")
     ft.add_argument("--seed", type=int, default=0)
-    ft.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    _add_run_mode(ft)
     ft.set_defaults(func=cmd_finetune)
 
     ev = sub.add_parser("eval", help="evaluate a checkpoint in simulation")
@@ -380,6 +474,12 @@ def _add_key_map_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--map-file", default=None, help="YAML file of LeRobot feature: robotft key entries")
 
 
+def _add_run_mode(p: argparse.ArgumentParser) -> None:
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint")
+    m.add_argument("--overwrite", action="store_true", help="replace the run of the same stage at --out")
+
+
 def _add_write_mode(p: argparse.ArgumentParser) -> None:
     m = p.add_mutually_exclusive_group()
     m.add_argument("--append", action="store_true", help="add episodes to an existing store")
@@ -400,13 +500,23 @@ def main(argv: list[str] | None = None) -> int:
     set_cpu_threads()
     try:
         return args.func(args, extra)
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        # Config, dataset and checkpoint errors are ValueErrors whose message names the file, key or value.
-        # ROBOTFT_DEBUG=1 shows the traceback instead.
-        if os.environ.get("ROBOTFT_DEBUG"):
-            raise
-        print(f"robotft: error: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:
+        # Config, dataset and checkpoint errors name the file, key or value; anything else still gets one
+        # line. --debug (or ROBOTFT_DEBUG=1) shows the traceback too.
+        if args.debug or os.environ.get("ROBOTFT_DEBUG"):
+            traceback.print_exc()
+        print(f"robotft: error: {error_line(e)}", file=sys.stderr)
+        return 1
+
+
+def error_line(e: BaseException) -> str:
+    """One line for an error: its message (a KeyError's without the quotes), the type where the message
+    alone would not say what went wrong, multi-line listings joined with `; `."""
+    msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    if not isinstance(e, (ValueError, KeyError, OSError)) or not msg:
+        msg = f"{type(e).__name__}: {msg}"
+    parts = (line.strip().removeprefix("- ") for line in msg.splitlines())
+    return "; ".join(part for part in parts if part)
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     if policy_overrides and not resuming:
         policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.")
     policy = build_policy(policy_cfg, source.spec, source.normalizer)
-    policy.load_state_dict(source.model_state)
+    ckpt_io.load_weights(policy, source)
     policy.to(device)
     algo = make_algorithm(cfg.algo, policy, cfg)
 

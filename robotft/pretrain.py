@@ -28,7 +28,7 @@ from robotft.evaluation import EVAL_SEED
 from robotft.policies.base import Policy, PolicyConfig, build_policy
 from robotft.policies.vision import image_encoder_without_file
 from robotft.runlog import NullLogger, RunLogger
-from robotft.specs import EnvSpec, FeatureSpec
+from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 
 @dataclasses.dataclass
@@ -71,8 +71,13 @@ class PretrainConfig:
     """Dataset store path (zarr replay buffer)."""
     out: str = "runs/bc"
     """Run directory."""
-    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
-    """Simulated task used for evaluation (and whose spec must match the dataset's)."""
+    env: EnvConfig | None = dataclasses.field(default_factory=EnvConfig)
+    """Simulated task used for evaluation (and whose spec must match the dataset's); None trains on the
+    dataset alone (e.g. real-robot demonstrations): the observation and action specs come from the dataset
+    and there is no evaluation."""
+    rig: str = ""
+    """Rig preset the policy will be deployed on (optional): checked up front to provide every observation
+    key and the action the policy needs, as `robotft deploy` will check."""
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
 
 
@@ -113,16 +118,45 @@ def check_dataset_matches_env(buffer: ReplayBuffer, env_spec: EnvSpec, policy_cf
         raise ValueError(f"dataset {buffer.path} does not match the env: " + "; ".join(problems))
 
 
-def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = False) -> Path:
+def dataset_spec(buffer: ReplayBuffer, policy_cfg: PolicyConfig) -> EnvSpec:
+    """The spec of a policy trained on `buffer` without a simulator: the dataset's observation features for
+    the policy's keys and its recorded action spec; a dataset that records none (e.g. a LeRobot recording)
+    gets control mode `unknown`, the data's per-dimension [min, max] as bounds and its fps as control rate."""
+    missing = [k for k in policy_cfg.obs_keys if k not in buffer.features]
+    if missing:
+        raise ValueError(f"dataset {buffer.path} has no observation keys {missing} that policy.obs_keys names "
+                         f"(has {sorted(buffer.features)})")
+    action = buffer.action_spec
+    if action is None:
+        a = buffer.array("action")
+        action = ActionSpec("unknown", a.shape[1], tuple(map(float, a.min(0))), tuple(map(float, a.max(0))),
+                            control_hz=buffer.fps)
+    return EnvSpec(observations={k: buffer.features[k] for k in policy_cfg.obs_keys}, action=action)
+
+
+def check_env_provides(env_spec: EnvSpec, policy_cfg: PolicyConfig, env_name: str) -> None:
+    """Evaluation feeds the policy from the env: every key the policy reads must be one the env provides."""
+    missing = [k for k in policy_cfg.obs_keys if k not in env_spec.observations]
+    if missing:
+        raise ValueError(f"env {env_name!r} provides no observation {missing} that policy.obs_keys names "
+                         f"(it provides {sorted(env_spec.observations)}); evaluation would fail after training "
+                         "(turn it off with --train.eval_episodes 0, or pick another env or obs_keys)")
+
+
+def run_pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool = False,
+                 overwrite: bool = False) -> Path:
     """Train, evaluate and checkpoint. Returns the run directory.
 
-    Under torchrun every rank trains on its shard of the dataset with gradients averaged across ranks;
-    `train.batch_size` is the global batch (robotft.distributed). Rank 0 writes checkpoints and logs."""
+    `resume` continues the run at `cfg.out`; `overwrite` replaces it; without either an existing run is
+    refused (robotft.checkpoint.prepare_run_dir). Under torchrun every rank trains on its shard of the dataset
+    with gradients averaged across ranks; `train.batch_size` is the global batch (robotft.distributed). Rank 0
+    writes checkpoints and logs."""
     with distributed(resolve_device(cfg.train.device)) as ctx:
-        return _pretrain(cfg, policy_cfg, resume, ctx)
+        return _pretrain(cfg, policy_cfg, resume, overwrite, ctx)
 
 
-def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, ctx: DistContext) -> Path:
+def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, overwrite: bool,
+              ctx: DistContext) -> Path:
     from robotft.envs.factory import make_env
 
     device = ctx.device(resolve_device(cfg.train.device))
@@ -130,10 +164,28 @@ def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, ctx: 
     np.random.seed(cfg.train.seed)
     out = Path(cfg.out)
     buffer = ReplayBuffer.open(cfg.data)
-    env_spec = _env_spec(cfg.env)
-    check_dataset_matches_env(buffer, env_spec, policy_cfg)
-    spec = EnvSpec(observations={k: _with_env_names(buffer.features[k], env_spec.observations.get(k))
-                                 for k in policy_cfg.obs_keys}, action=env_spec.action)
+    for key in (*policy_cfg.obs_keys, "action"):  # read (and cache) the low-dim data before writing anything
+        if key in buffer.features and buffer.features[key].dtype != "uint8":
+            x = buffer.array(key)
+            if x.dtype.kind == "f" and not np.isfinite(x).all():
+                step = int(np.argmax(~np.isfinite(x.reshape(len(x), -1)).all(axis=1)))
+                raise ValueError(f"{buffer.path}: data/{key} has NaN or inf at step {step}, expected finite values")
+    evaluating = cfg.env is not None and cfg.train.eval_episodes > 0
+    if cfg.env is None:
+        spec = dataset_spec(buffer, policy_cfg)
+    else:
+        env_spec = _env_spec(cfg.env)
+        check_dataset_matches_env(buffer, env_spec, policy_cfg)
+        if evaluating:
+            check_env_provides(env_spec, policy_cfg, f"{cfg.env.backend}/{cfg.env.task}")
+        spec = EnvSpec(observations={k: _with_env_names(buffer.features[k], env_spec.observations.get(k))
+                                     for k in policy_cfg.obs_keys}, action=env_spec.action)
+    if cfg.rig:
+        from robotft.real_robot.rig import load_rig, require_compatible
+
+        require_compatible(load_rig(cfg.rig), spec, policy_cfg.obs_keys, f"trained on {cfg.data}")
+    if ctx.is_main:
+        ckpt_io.prepare_run_dir(out, "pretrain", resume=resume, overwrite=overwrite)
 
     start_step = 0
     resume_state = None
@@ -170,16 +222,17 @@ def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, ctx: 
     sampler = SequenceSampler(buffer, policy_cfg.obs_keys, policy_cfg.obs_steps, policy_cfg.horizon_steps)
     batches = infinite_batches(sampler, cfg.train.batch_size, cfg.train.seed + start_step, ctx.rank, ctx.world_size)
     run_config = {"stage": "pretrain", **to_dict(cfg)}
+    env_dict = to_dict(cfg.env) if cfg.env is not None else None
     if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps({"run": run_config, "policy": to_dict(policy.config)}, indent=2))
+        ckpt_io.atomic_write_text(out / "config.json",
+                                  json.dumps({"run": run_config, "policy": to_dict(policy.config)}, indent=2))
 
     def save(step: int, metrics: dict[str, Any]) -> None:
         ckpt_io.save_run_checkpoint(
             out,
             step,
             model_state=policy.export_state_dict(),
-            config={"policy": to_dict(policy.config), "env": to_dict(cfg.env), "spec": spec.to_dict(), "run": run_config},
+            config={"policy": to_dict(policy.config), "env": env_dict, "spec": spec.to_dict(), "run": run_config},
             normalizer=normalizer,
             meta={"stage": "pretrain", "step": step, "env_steps": 0, "metrics": metrics, "dataset": str(cfg.data)},
             training_state={
@@ -217,8 +270,11 @@ def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, ctx: 
                 log.log(done, {"train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0],
                                "train/samples_per_s": rate, **{f"train/{k}": v for k, v in loss_metrics.items()}})
                 bar.set_postfix(loss=f"{mean_loss:.4f}")
-            want_eval = ctx.is_main and cfg.train.eval_episodes > 0 and (
-                done == cfg.train.steps or (cfg.train.eval_every > 0 and done % cfg.train.eval_every == 0)
+            last = done == cfg.train.steps
+            if ctx.is_main and (done % cfg.train.save_every == 0 or last):
+                save(done, metrics)  # before evaluating: an evaluation error must not lose the training
+            want_eval = ctx.is_main and evaluating and (
+                last or (cfg.train.eval_every > 0 and done % cfg.train.eval_every == 0)
             )
             if want_eval:
                 result = evaluate_in_env(policy, cfg.env, cfg.train.eval_episodes, cfg.train.eval_num_envs,
@@ -228,8 +284,8 @@ def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, ctx: 
                 log.log(done, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return})
                 tqdm.write(f"step {done}: success {result.success_rate:.2f} "
                            f"(95% CI {result.ci95[0]:.2f}-{result.ci95[1]:.2f})", file=sys.stderr)
-            if ctx.is_main and (done % cfg.train.save_every == 0 or done == cfg.train.steps):
-                save(done, metrics)
+                if done % cfg.train.save_every == 0 or last:
+                    save(done, metrics)  # again, now with the evaluation's metrics
         bar.close()
     return out
 

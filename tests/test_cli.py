@@ -3,7 +3,7 @@
 - ManiSkill PushCube smoke test: demos -> info/validate -> BC pretrain -> eval -> DPPO finetune -> eval.
 - Kill/resume: SIGKILL a running `pretrain` / `finetune` on the toy env, check the newest checkpoint is
   intact, then `--resume` to completion.
-- Bad inputs: exit status 2 (usage/config/data errors) or 1 (`data validate`), and a message naming the
+- Bad inputs: exit status 1 (config, data and checkpoint errors, `data validate`), and a message naming the
   culprit.
 
 Budgets are tiny (small networks, a few steps) so the whole file runs in a few minutes on busy cores.
@@ -437,7 +437,7 @@ def test_pretrain_missing_dataset(cli, tmp_path):
         "--out",
         tmp_path / "bc",
         cwd=tmp_path,
-        expect_rc=2,
+        expect_rc=1,
     )
     assert str(missing) in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -450,7 +450,7 @@ def test_eval_not_a_checkpoint(cli, tmp_path, kind):
     if kind == "empty_dir":
         target.mkdir()
         (target / "notes.txt").write_text("hello")
-    proc = cli.run("eval", target, "--episodes", "1", "--json", cwd=tmp_path, expect_rc=2)
+    proc = cli.run("eval", target, "--episodes", "1", "--json", cwd=tmp_path, expect_rc=1)
     assert str(target) in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.stdout.strip() == "", proc.stdout
@@ -469,7 +469,7 @@ def test_unknown_override(cli, tmp_path, toy_demos):
         "--train.nope",
         "1",
         cwd=tmp_path,
-        expect_rc=2,
+        expect_rc=1,
     )
     assert "nope" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import secrets
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,11 +27,20 @@ from typing import Any
 
 import numpy as np
 
-from robotft.datasets.store import DatasetError, DatasetWriter, ReplayBuffer, is_image
+from robotft.datasets.store import (
+    DatasetError,
+    DatasetWriter,
+    ReplayBuffer,
+    is_image,
+    recover_store,
+    sibling_name,
+    swap_into_place,
+)
 from robotft.specs import ActionSpec, FeatureSpec
 
 DEFAULT_KEY_MAP: dict[str, str] = {
     "observation.state": "state",
+    "observation.environment_state": "env_state",
     "observation.images.*": "rgb/*",
     "action": "action",
     "next.reward": "reward",
@@ -277,7 +284,11 @@ def _check_files(meta: Any, root: Path, video_keys: list[str], columns: list[str
                 f"{data}: missing data file of episode {ep} (listed in {root / 'meta' / 'episodes'})"
             )
         if data not in checked:
-            present = set(pq.read_schema(data).names)
+            try:
+                present = set(pq.read_schema(data).names)
+            except Exception as e:  # pyarrow's ArrowInvalid/OSError on a truncated or foreign file
+                raise DatasetError(f"{data}: not a readable parquet file ({type(e).__name__}: {e}); expected the "
+                                   f"data of episode {ep}") from e
             missing = [c for c in columns if c not in present]
             if missing:
                 raise DatasetError(
@@ -290,12 +301,28 @@ def _check_files(meta: Any, root: Path, video_keys: list[str], columns: list[str
                 raise DatasetError(f"{video}: missing video of feature {key!r}, episode {ep}")
 
 
+def _check_meta_files(root: Path) -> None:
+    """Every JSON and parquet file under `meta/` parses (LeRobot's own errors do not name the file)."""
+    import pyarrow.parquet as pq
+
+    for path in sorted((root / "meta").rglob("*")):
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_text())
+            elif path.suffix == ".parquet":
+                pq.read_schema(path)
+        except Exception as e:  # JSONDecodeError, UnicodeDecodeError, pyarrow's ArrowInvalid
+            kind = "JSON" if path.suffix == ".json" else "parquet"
+            raise DatasetError(f"{path}: not a readable {kind} file ({type(e).__name__}: {e})") from e
+
+
 def read_lerobot_episodes(
     root: Path, repo_id: str, plan: Mapping[str, tuple[str, dict]], features: Mapping[str, FeatureSpec]
 ) -> tuple[Any, Iterator[tuple[dict[str, np.ndarray], str]]]:
     """Open the dataset with `LeRobotDataset` and return `(dataset, iterator of (episode arrays, task))`."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset, LeRobotDatasetMetadata
 
+    _check_meta_files(root)
     try:
         meta = LeRobotDatasetMetadata(repo_id, root=root)
     except Exception as e:  # LeRobot raises many kinds here; the user needs the file, not the type
@@ -321,8 +348,6 @@ def _episodes(
     video_keys: list[str],
     image_keys: list[str],
 ) -> Iterator[tuple[dict[str, np.ndarray], str]]:
-    from lerobot.datasets.video_utils import decode_video_frames
-
     raw = ds.hf_dataset.with_format("numpy")
     index = np.asarray(raw["index"])
     tasks = list(ds.meta.tasks.index)
@@ -355,16 +380,30 @@ def _episodes(
                 video = root / ds.meta.get_video_file_path(ep, src)
                 start = float(record[f"videos/{src}/from_timestamp"])
                 ts = (start + timestamps[rows]).tolist()
-                blocks = [
-                    decode_video_frames(video, ts[i : i + DECODE_BLOCK], ds.tolerance_s, ds.video_backend)
-                    for i in range(0, len(ts), DECODE_BLOCK)
-                ]
-                arrays[dst] = _to_uint8_hwc(np.concatenate([b.numpy() for b in blocks]))
+                arrays[dst] = _decode(video, ts, ds, src, ep)
             elif src in image_keys:
                 arrays[dst] = np.stack(
                     [_image_to_uint8(ds.hf_dataset[p][src]) for p in range(rows.start, rows.stop)]
                 )
         yield arrays, tasks[episode_tasks[0]]
+
+
+def _decode(video: Path, ts: list[float], ds: Any, key: str, ep: int) -> np.ndarray:
+    """Frames of `video` at timestamps `ts` as uint8 `[T, H, W, 3]`; a damaged or short video is a DatasetError."""
+    from lerobot.datasets.video_utils import decode_video_frames
+
+    try:
+        blocks = [decode_video_frames(video, ts[i : i + DECODE_BLOCK], ds.tolerance_s, ds.video_backend)
+                  for i in range(0, len(ts), DECODE_BLOCK)]
+    except Exception as e:  # torchcodec/pyav raise many kinds on a truncated or corrupt file
+        detail = " ".join(str(e).split())[:300]
+        raise DatasetError(f"{video}: cannot decode the frames of feature {key!r}, episode {ep} "
+                           f"({type(e).__name__}: {detail}); expected a complete video") from e
+    frames = _to_uint8_hwc(np.concatenate([b.numpy() for b in blocks]))
+    if len(frames) != len(ts):
+        raise DatasetError(f"{video}: {len(frames)} frames decoded for feature {key!r}, episode {ep}, "
+                           f"expected {len(ts)}")
+    return frames
 
 
 def _to_uint8_hwc(frames: np.ndarray) -> np.ndarray:
@@ -481,19 +520,27 @@ def export_lerobot(
 
     buf = ReplayBuffer.open(store)
     out = Path(out)
+    recover_store(out)
+    if out.exists() and not out.is_dir():
+        raise DatasetError(f"{out}: is a file, expected a LeRobot dataset directory (or a new path)")
     if out.exists() and not overwrite:
         raise DatasetError(f"{out}: already exists (replace it with overwrite=True / --overwrite)")
+    if out.exists() and any(out.iterdir()) and not (out / "meta" / "info.json").is_file():
+        raise DatasetError(f"{out}: exists and is not a LeRobot dataset (no meta/info.json); not replacing it")
     fps = buf.fps
     if not math.isclose(fps, round(fps)):
         raise DatasetError(f"{buf.path}: fps is {fps}, but LeRobot datasets need an integer fps")
-    inverse = _inverse(dict(key_map) if key_map is not None else load_key_map())
+    # The names the data had when it was imported from LeRobot come back first, then the table's.
+    imported = (buf.env.get("lerobot") or {}).get("key_map") or {}
+    table = _inverse(dict(key_map) if key_map is not None else load_key_map())
+    inverse = {**_inverse(imported), **table} if key_map is not None else {**table, **_inverse(imported)}
     names = {key: _lerobot_key(key, inverse) for key in buf.keys}
     clashes = {v for v in names.values() if list(names.values()).count(v) > 1}
     if clashes:
         raise DatasetError(f"{buf.path}: several keys map to the LeRobot features {sorted(clashes)}: {names}")
     features = {names[k]: _lerobot_feature(spec) for k, spec in buf.features.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f"{out.name}.tmp-{secrets.token_hex(4)}"
+    tmp = sibling_name(out, "tmp")
     try:
         ds = LeRobotDataset.create(
             repo_id,
@@ -523,7 +570,7 @@ def export_lerobot(
         (tmp / "meta" / ROBOTFT_META).write_text(json.dumps(export_meta, indent=2))
         # LeRobot keeps the PNG frames it encoded from in images/; the videos hold them now.
         shutil.rmtree(tmp / "images", ignore_errors=True)
-        _swap_into_place(tmp, out)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -534,18 +581,3 @@ def _frame_value(x: np.ndarray, spec: FeatureSpec) -> np.ndarray:
     """One step of a robotft array as LeRobot's add_frame wants it (scalars as shape `(1,)`)."""
     x = np.asarray(x)
     return x.reshape(1) if spec.shape == () else x
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename `tmp` → `out`; an existing `out` is renamed aside first and deleted only afterwards."""
-    if not out.exists():
-        os.rename(tmp, out)
-        return
-    backup = out.parent / f"{out.name}.old-{secrets.token_hex(4)}"
-    os.rename(out, backup)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(backup, out)
-        raise
-    shutil.rmtree(backup)

@@ -2,7 +2,9 @@
 
 `minmax` maps each dimension's [min, max] over the dataset to [-1, 1] (diffusion_policy's
 LinearNormalizer); `meanstd` subtracts the mean and divides by the std. Dimensions with (near) zero
-range are mapped to 0 and left unscaled so constant features neither blow up nor divide by zero.
+range are *constant*: they normalize to 0 unscaled (no division by zero) and unnormalize to their one
+value whatever the normalized input, so that a policy's clip of normalized actions to [-1, 1] still maps
+into the data's range (a gripper that is always -1 stays -1, not anywhere in [-2, 0]).
 `identity` passes a key through (images are scaled by their encoder, not here).
 """
 
@@ -22,6 +24,8 @@ class Normalizer:
         self.offset: dict[str, torch.Tensor] = {}
         self.scale: dict[str, torch.Tensor] = {}
         self.mode: dict[str, str] = {}
+        self.constant: dict[str, torch.Tensor] = {}
+        """Per key, bool mask of the dimensions that were constant over the data (unnormalize to `offset`)."""
 
     @classmethod
     def fit(cls, data: dict[str, np.ndarray], modes: dict[str, str]) -> Normalizer:
@@ -46,10 +50,11 @@ class Normalizer:
                 offset, scale = x.mean(axis=0), x.std(axis=0)
             else:
                 offset, scale = np.zeros(feat), np.ones(feat)
-            degenerate = scale < _EPS
+            degenerate = (scale < _EPS) & (mode != "identity")
             scale = np.where(degenerate, 1.0, scale)
             norm.offset[key] = torch.as_tensor(offset, dtype=torch.float32)
             norm.scale[key] = torch.as_tensor(scale, dtype=torch.float32)
+            norm.constant[key] = torch.as_tensor(degenerate, dtype=torch.bool)
             norm.mode[key] = mode
         return norm
 
@@ -62,9 +67,13 @@ class Normalizer:
         return (x.float() - offset) / scale
 
     def unnormalize(self, key: str, y: torch.Tensor) -> torch.Tensor:
-        """Normalized → env units."""
+        """Normalized → env units; constant dimensions come back as their one value."""
         offset, scale = self._stats(key, y)
-        return y * scale + offset
+        x = y * scale + offset
+        constant = self.constant.get(key)
+        if constant is None or not bool(constant.any()):
+            return x
+        return torch.where(constant.to(x.device), offset, x)
 
     def _stats(self, key: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if key not in self.mode:
@@ -85,6 +94,8 @@ class Normalizer:
         for key in self.mode:
             out[f"{key}.offset"] = self.offset[key].detach().cpu().contiguous()
             out[f"{key}.scale"] = self.scale[key].detach().cpu().contiguous()
+            if key in self.constant:
+                out[f"{key}.constant"] = self.constant[key].detach().cpu().contiguous()
         return out
 
     def metadata(self) -> dict[str, str]:
@@ -103,4 +114,6 @@ class Normalizer:
             norm.mode[key] = mode
             norm.offset[key] = tensors[f"{key}.offset"].float()
             norm.scale[key] = tensors[f"{key}.scale"].float()
+            if f"{key}.constant" in tensors:  # absent from checkpoints written before constant dimensions
+                norm.constant[key] = tensors[f"{key}.constant"].bool()
         return norm

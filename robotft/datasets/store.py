@@ -9,14 +9,21 @@ Layout of a store directory::
     meta (JSON attrs)          format, version, features, fps, tasks, action_spec, env, source
 
 Stores are written only through `DatasetWriter`, which builds the new store in a temporary directory
-next to the target and swaps it into place on `finalize()`, so bad input or a crash never touches
-an existing dataset. `ReplayBuffer` reads a store; `validate_store` lists everything wrong with one.
+next to the target and swaps it into place on `finalize()` (or `commit()`), so bad input or a crash never
+touches an existing dataset. `ReplayBuffer` reads a store; `validate_store` lists everything wrong with one,
+including chunk files that are missing (zarr would read them as zeros) or cannot be decoded.
+
+Names beside a store `<path>` (see `recover_store`): `<path>.tmp-<pid>-<hex>` a store being written,
+`<path>.new-<pid>-<hex>` a complete new store about to be swapped in, `<path>.old-<pid>-<hex>` the previous
+store while it is swapped out. Every write and every open first finishes or removes what a killed writer
+left: an interrupted swap is completed (or undone), so there is always a store at `<path>`.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Mapping
@@ -83,6 +90,109 @@ def _accepts(src: np.dtype, dst: np.dtype) -> bool:
 
 
 # --------------------------------------------------------------------------------------------------
+# Temporary siblings, interrupted swaps, and what may be replaced
+
+_SIBLING = re.compile(r"\.(tmp|new|old)-(?:(\d+)-)?[0-9a-f]+$")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _siblings(path: Path) -> dict[str, list[Path]]:
+    """`{"tmp": [...], "new": [...], "old": [...]}`: what writers of `path` that are no longer running left."""
+    found: dict[str, list[Path]] = {"tmp": [], "new": [], "old": []}
+    if not path.parent.is_dir():
+        return found
+    for p in path.parent.iterdir():
+        if not p.name.startswith(path.name + "."):
+            continue
+        m = _SIBLING.fullmatch(p.name[len(path.name):])
+        if m is None or (m.group(2) is not None and _pid_alive(int(m.group(2)))):
+            continue
+        found[m.group(1)].append(p)
+    return found
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def recover_store(path: str | Path) -> None:
+    """Finish or undo what a killed writer of the store at `path` left behind (see the module docstring).
+
+    No store at `path` but a complete `.new-` one: the swap had moved the old store aside, so it is completed
+    (the new store is renamed into place). No store and only an `.old-` one: it is renamed back. Then every
+    leftover `.tmp-`, `.new-` and `.old-` sibling is deleted. Writers still running are left alone."""
+    path = Path(path)
+    left = _siblings(path)
+    if not path.exists():
+        if left["new"]:
+            os.rename(max(left["new"], key=lambda p: p.stat().st_mtime), path)
+        elif left["old"]:
+            os.rename(max(left["old"], key=lambda p: p.stat().st_mtime), path)
+    for group in left.values():
+        for p in group:
+            if p.exists() or p.is_symlink():
+                _remove(p)
+
+
+def sibling_name(path: Path, kind: str) -> Path:
+    return path.parent / f"{path.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def swap_into_place(tmp: Path, path: Path) -> None:
+    """Move the complete directory `tmp` to `path`, replacing what is there, such that a kill at any point
+    leaves a complete store at `path` once `recover_store` has run: `tmp` is first renamed `.new-` (complete),
+    then the old store `.old-`, then `.new-` to `path`; the old store is deleted last."""
+    new = sibling_name(path, "new")
+    os.rename(tmp, new)
+    if not path.exists():
+        os.rename(new, path)
+        return
+    old = sibling_name(path, "old")
+    os.rename(path, old)
+    try:
+        os.rename(new, path)
+    except BaseException:
+        os.rename(old, path)
+        raise
+    shutil.rmtree(old)
+
+
+def is_robotft_store(path: Path) -> bool:
+    """A directory holding a robotft store (by its metadata; its data may be damaged)."""
+    attrs = path / "meta" / ".zattrs"
+    if not (path / ".zgroup").is_file() or not attrs.is_file():
+        return False
+    try:
+        import json
+
+        return json.loads(attrs.read_text()).get("format") == FORMAT
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return False
+
+
+def check_replaceable(path: Path, what: str = "a robotft dataset store") -> None:
+    """Refuse to write a store where a file, or a directory that is not `what`, is."""
+    if path.exists() and not path.is_dir():
+        raise DatasetError(f"{path}: is a file, expected {what} directory (or a new path)")
+    if path.is_dir() and any(path.iterdir()) and not is_robotft_store(path):
+        raise DatasetError(f"{path}: exists and is not {what}; not replacing it (choose a new path)")
+
+
+# --------------------------------------------------------------------------------------------------
 # Validation
 
 
@@ -98,16 +208,47 @@ def _data_arrays(data: zarr.Group) -> dict[str, zarr.Array]:
     return found
 
 
-def _first_nonfinite(arr: zarr.Array) -> int | None:
-    """Index of the first time step holding NaN/inf, scanning in bounded-size blocks; None if none."""
+def _missing_chunks(arr: zarr.Array) -> list[str]:
+    """Names of the chunk files of `arr` that are absent (zarr 2 would read them as `fill_value`: zeros)."""
+    grid = [range(math.ceil(n / c)) for n, c in zip(arr.shape, arr.chunks, strict=True)]
+    if any(len(r) == 0 for r in grid):
+        return []
+    sep = getattr(arr, "_dimension_separator", None) or "."
+    present = set(arr.store.listdir(arr.path))
+    return [name for idx in np.ndindex(*map(len, grid))
+            if (name := sep.join(map(str, idx)) if idx else "0") not in present]
+
+
+def _undecodable_chunk(arr: zarr.Array, lo: int, hi: int) -> tuple[int, Exception] | None:
+    """The first chunk along time in steps [lo, hi) that zarr cannot decode, with the error."""
+    c = arr.chunks[0]
+    for start in range(lo - lo % c, hi, c):
+        try:
+            arr[start : start + c]
+        except Exception as e:  # blosc/zstd RuntimeError, ValueError on a wrong size, ...
+            return start // c, e
+    return None
+
+
+def _scan(key: str, arr: zarr.Array, check_values: bool) -> str | None:
+    """Read `arr` in bounded-size blocks: the first chunk that cannot be decoded, or (float arrays, with
+    `check_values`) the first step holding NaN/inf; None when the array reads clean."""
     row_bytes = max(1, arr.dtype.itemsize * math.prod(arr.shape[1:]))
     step = max(1, _SCAN_BYTES // row_bytes)
     step = max(arr.chunks[0], step - step % arr.chunks[0])
     for lo in range(0, arr.shape[0], step):
-        block = arr[lo : lo + step]
-        bad = ~np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
-        if bad.any():
-            return lo + int(np.argmax(bad))
+        try:
+            block = arr[lo : lo + step]
+        except Exception:
+            chunk, err = _undecodable_chunk(arr, lo, lo + step) or (lo // arr.chunks[0], None)
+            return (f"data/{key}: chunk {chunk} (steps {chunk * arr.chunks[0]}-"
+                    f"{min(arr.shape[0], (chunk + 1) * arr.chunks[0]) - 1}) cannot be decoded "
+                    f"({type(err).__name__}: {err}); expected a {arr.compressor.codec_id if arr.compressor else 'raw'}"
+                    f" chunk of {arr.chunks} {arr.dtype}")
+        if check_values and arr.dtype.kind == "f":
+            bad = ~np.isfinite(block.reshape(block.shape[0], -1)).all(axis=1)
+            if bad.any():
+                return f"data/{key}: NaN or inf at step {lo + int(np.argmax(bad))}, expected finite values"
     return None
 
 
@@ -117,8 +258,15 @@ def _problems(path: Path, check_values: bool) -> list[str]:
         return ["does not exist or is not a directory"]
     try:
         root = zarr.open_group(str(path), mode="r")
-    except (zarr.errors.GroupNotFoundError, ValueError, KeyError) as e:
-        return [f"not a zarr group ({e})"]
+    except Exception as e:  # zarr raises GroupNotFoundError, ValueError, KeyError, JSON errors...
+        return [f"not a zarr group ({type(e).__name__}: {e})"]
+    try:
+        return _structure_problems(root, check_values)
+    except Exception as e:  # unreadable zarr metadata (.zarray/.zattrs) deeper in the store
+        return [f"zarr metadata cannot be read ({type(e).__name__}: {e})"]
+
+
+def _structure_problems(root: zarr.Group, check_values: bool) -> list[str]:
     problems: list[str] = []
     if "data" not in root or not isinstance(root["data"], zarr.Group):
         problems.append("missing group 'data'")
@@ -160,16 +308,21 @@ def _problems(path: Path, check_values: bool) -> list[str]:
             problems.append(f"data/{key}: feature declared but array missing")
             continue
         arr = arrays[key]
+        before = len(problems)
         if tuple(arr.shape[1:]) != spec.shape:
             problems.append(f"data/{key}: per-step shape {tuple(arr.shape[1:])}, expected {spec.shape}")
         if arr.dtype != np.dtype(spec.dtype):
             problems.append(f"data/{key}: dtype {arr.dtype}, expected {spec.dtype}")
         if ends is not None and arr.shape[0] != n_steps:
             problems.append(f"data/{key}: length {arr.shape[0]}, expected episode_ends[-1] = {n_steps}")
-        if check_values and arr.dtype.kind == "f":
-            bad = _first_nonfinite(arr)
-            if bad is not None:
-                problems.append(f"data/{key}: NaN or inf at step {bad}, expected finite values")
+        missing = _missing_chunks(arr)
+        if missing:
+            problems.append(f"data/{key}: chunk files {missing[:5]} missing (of {arr.nchunks}); zarr would "
+                            f"read them as {arr.fill_value}, expected every chunk of {arr.shape} to be written")
+        elif check_values and len(problems) == before:
+            found = _scan(key, arr, check_values)
+            if found is not None:
+                problems.append(found)
     return problems
 
 
@@ -177,7 +330,9 @@ def _check_episode_ends(meta: zarr.Group, problems: list[str]) -> np.ndarray | N
     if "episode_ends" not in meta:
         problems.append("missing array 'meta/episode_ends'")
         return None
-    ends = meta["episode_ends"][:]
+    ends = _read_meta_array(meta, "episode_ends", problems)
+    if ends is None:
+        return None
     if ends.dtype.kind not in "iu" or ends.ndim != 1:
         problems.append(f"meta/episode_ends: dtype {ends.dtype} shape {ends.shape}, expected 1-D int64")
         return None
@@ -193,11 +348,30 @@ def _check_episode_ends(meta: zarr.Group, problems: list[str]) -> np.ndarray | N
     return ends
 
 
+def _read_meta_array(meta: zarr.Group, name: str, problems: list[str]) -> np.ndarray | None:
+    """`meta/<name>` read whole; None (and a problem) when a chunk is missing or cannot be decoded."""
+    arr = meta[name]
+    if not isinstance(arr, zarr.Array):
+        problems.append(f"meta/{name}: is a group, expected an array")
+        return None
+    missing = _missing_chunks(arr)
+    if missing:
+        problems.append(f"meta/{name}: chunk files {missing[:5]} missing, expected every chunk to be written")
+        return None
+    try:
+        return arr[:]
+    except Exception as e:
+        problems.append(f"meta/{name}: cannot be decoded ({type(e).__name__}: {e})")
+        return None
+
+
 def _check_task_index(meta: zarr.Group, tasks: Any, ends: np.ndarray | None, problems: list[str]) -> None:
     if "episode_task_index" not in meta:
         problems.append("missing array 'meta/episode_task_index'")
         return
-    idx = meta["episode_task_index"][:]
+    idx = _read_meta_array(meta, "episode_task_index", problems)
+    if idx is None:
+        return
     if idx.dtype.kind not in "iu" or idx.ndim != 1:
         problems.append(f"meta/episode_task_index: dtype {idx.dtype} shape {idx.shape}, expected 1-D int64")
         return
@@ -219,6 +393,7 @@ def validate_store(path: str | Path, check_values: bool = True) -> None:
     `check_values` also scans float arrays for NaN/inf (reads the whole store, in bounded blocks).
     """
     path = Path(path)
+    recover_store(path)
     problems = _problems(path, check_values)
     if problems:
         raise DatasetError(f"{path}: invalid robotft dataset:\n  - " + "\n  - ".join(problems))
@@ -317,8 +492,21 @@ class ReplayBuffer:
         if not in_memory:
             return self._root["data"][key]
         if key not in self._cache:
-            self._cache[key] = self._root["data"][key][:]
+            self._cache[key] = self._read(key, slice(None))
         return self._cache[key]
+
+    def _read(self, key: str, rows: slice) -> np.ndarray:
+        """`data/<key>[rows]`; a chunk that cannot be decoded is a DatasetError naming it."""
+        arr = self._root["data"][key]
+        try:
+            return arr[rows]
+        except Exception as e:  # blosc RuntimeError, ValueError from a wrong .zarray, ...
+            lo, hi, _ = rows.indices(arr.shape[0])
+            chunk, err = _undecodable_chunk(arr, lo, hi) or (lo // arr.chunks[0], e)
+            raise DatasetError(
+                f"{self.path / 'data' / key}: chunk {chunk} cannot be decoded ({type(err).__name__}: {err}); "
+                f"run `robotft data validate {self.path}`"
+            ) from e
 
     def episode_slice(self, i: int) -> slice:
         """Time-step slice of episode `i` in the concatenated arrays."""
@@ -331,7 +519,7 @@ class ReplayBuffer:
     def episode(self, i: int) -> dict[str, np.ndarray]:
         """All keys of episode `i`, each `[T, *shape]` (read from cache where loaded)."""
         sl = self.episode_slice(i)
-        return {k: (self._cache[k][sl] if k in self._cache else self._root["data"][k][sl]) for k in self.keys}
+        return {k: (self._cache[k][sl] if k in self._cache else self._read(k, sl)) for k in self.keys}
 
     def __repr__(self) -> str:
         return f"ReplayBuffer({str(self.path)!r}, episodes={self.n_episodes}, steps={self.n_steps})"
@@ -427,16 +615,18 @@ class DatasetWriter:
         }
         self._episode_ends: list[int] = []
         self._task_index: list[int] = []
+        self._committed = False
+        recover_store(self.path)
+        check_replaceable(self.path)
         if mode == "create" and self.path.exists():
             raise DatasetError(f"{self.path}: already exists (append to it with mode='append' / --append, or replace it with mode='overwrite' / --overwrite)")
         existing = self._open_existing() if mode == "append" else None
 
-        self._tmp = self.path.parent / f"{self.path.name}.tmp-{secrets.token_hex(4)}"
+        self._tmp = sibling_name(self.path, "tmp")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             if existing is not None:
-                shutil.copytree(self.path, self._tmp)
-                self._root = zarr.open_group(str(self._tmp), mode="r+")
+                self._copy_of_store()
             else:
                 self._root = zarr.open_group(str(self._tmp), mode="w-")
                 self._root.create_group("meta")
@@ -453,6 +643,16 @@ class DatasetWriter:
             shutil.rmtree(self._tmp, ignore_errors=True)
             raise
         self._done = False
+
+    def _copy_of_store(self) -> None:
+        """Start the temporary store as a copy of the one at the path, by hard links: zarr replaces a chunk
+        file it rewrites (write to a new file, then rename), so the original's files are never modified."""
+        try:
+            shutil.copytree(self.path, self._tmp, copy_function=os.link)
+        except OSError:  # a file system without hard links
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            shutil.copytree(self.path, self._tmp)
+        self._root = zarr.open_group(str(self._tmp), mode="r+")
 
     def _open_existing(self) -> ReplayBuffer:
         """Check that the store to append to matches this writer; adopt its episodes and metadata."""
@@ -548,33 +748,39 @@ class DatasetWriter:
         if self._done:
             raise DatasetError(f"{self.path}: writer already finalized or aborted")
         try:
-            meta = self._root["meta"]
-            meta.array("episode_ends", np.asarray(self._episode_ends, dtype=np.int64), overwrite=True)
-            meta.array("episode_task_index", np.asarray(self._task_index, dtype=np.int64), overwrite=True)
-            meta.attrs.put(self._attrs)
-            validate_store(self._tmp, check_values=False)
-            self._swap()
+            self._write_and_swap()
         except BaseException:
             self.abort()
             raise
         self._done = True
         return self.path
 
-    def _swap(self) -> None:
-        """Rename temp → path; an existing store is first renamed aside and deleted only afterwards."""
-        if not self.path.exists():
-            os.rename(self._tmp, self.path)
-            return
-        if self.mode == "create":
-            raise DatasetError(f"{self.path}: appeared while writing; not replacing it (mode='create')")
-        backup = self.path.parent / f"{self.path.name}.old-{secrets.token_hex(4)}"
-        os.rename(self.path, backup)
+    def commit(self) -> Path:
+        """Put the episodes added so far into place at the path (as `finalize` does) and keep writing, so
+        that a session killed later keeps them (a deployment commits after every episode). Costs a hard-link
+        copy of the store's files, not of their bytes."""
+        if self._done:
+            raise DatasetError(f"{self.path}: writer already finalized or aborted")
         try:
-            os.rename(self._tmp, self.path)
+            self._write_and_swap()
+            self._committed = True
+            self._tmp = sibling_name(self.path, "tmp")
+            self._copy_of_store()
         except BaseException:
-            os.rename(backup, self.path)
+            self.abort()
             raise
-        shutil.rmtree(backup)
+        return self.path
+
+    def _write_and_swap(self) -> None:
+        meta = self._root["meta"]
+        meta.array("episode_ends", np.asarray(self._episode_ends, dtype=np.int64), overwrite=True)
+        meta.array("episode_task_index", np.asarray(self._task_index, dtype=np.int64), overwrite=True)
+        meta.attrs.put(self._attrs)
+        validate_store(self._tmp, check_values=False)
+        if self.path.exists() and self.mode == "create" and not self._committed:
+            raise DatasetError(f"{self.path}: appeared while writing; not replacing it (mode='create')")
+        check_replaceable(self.path)
+        swap_into_place(self._tmp, self.path)
 
     def abort(self) -> None:
         """Delete the temporary directory; the target path is left as it was."""

@@ -111,7 +111,7 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
             env={
                 "rig": to_dict(rig),
                 "checkpoint": str(ckpt.path),
-                "checkpoint_env": ckpt.config.get("env", {}),
+                "checkpoint_env": (ckpt.config.get("env") or {}),
             },
             source=f"robotft deploy {ckpt.path} on rig {rig.name or opts.rig}",
             mode=opts.record_mode,
@@ -123,7 +123,7 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
         object_source = make_object_pose_source(rig, robot, cameras)
         operator = SceneJudge(rig.success) if opts.no_operator else KeyboardOperator(operator_stream)
         recorder = (
-            Recorder(writer, rig.task or str(ckpt.config.get("env", {}).get("task", ""))) if writer else None
+            Recorder(writer, rig.task or str((ckpt.config.get("env") or {}).get("task", ""))) if writer else None
         )
         with robot, contextlib.ExitStack() as stack:
             for cam in cameras.values():
@@ -171,5 +171,5 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
 
 def _env_episode_time(config: dict[str, Any], rig: RigConfig) -> float:
     """The training env's episode length in seconds (`max_episode_steps / control_hz`), 10 s if unknown."""
-    steps = config.get("env", {}).get("max_episode_steps")
+    steps = (config.get("env") or {}).get("max_episode_steps")
     return float(steps) / rig.control_hz if steps else 10.0

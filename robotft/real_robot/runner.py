@@ -231,6 +231,7 @@ class Recorder:
         episode["success"] = np.zeros(n, dtype=bool)
         episode["success"][-1] = outcome == "success"
         self.writer.add_episode(episode, task=self.task)
+        self.writer.commit()  # a session killed later keeps this episode
         return n
 
 

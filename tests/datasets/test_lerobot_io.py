@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("lerobot")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -329,3 +330,118 @@ def test_missing_feature_in_the_key_map_and_unknown_source_are_named(lerobot_roo
     with pytest.raises(DatasetError, match="not in LeRobot's hub cache"):
         import_lerobot("nobody/no-such-dataset", tmp_path / "x.zarr")
     assert list(tmp_path.iterdir()) == []
+
+
+# -- damaged datasets through the CLI, feature names, pretraining without a simulator --------------------------
+
+
+def _truncate(pattern, keep=3000):
+    def damage(root):
+        for f in root.rglob(pattern):
+            f.write_bytes(f.read_bytes()[:keep])
+
+    return damage
+
+
+def _empty(pattern):
+    def damage(root):
+        for f in root.rglob(pattern):
+            f.write_bytes(b"")
+
+    return damage
+
+
+CLI_DAMAGE = {
+    "truncated mp4": (_truncate("videos/**/*.mp4"), "file-000.mp4: cannot decode the frames"),
+    "empty mp4": (_empty("videos/**/*.mp4"), "file-000.mp4: cannot decode the frames"),
+    "truncated data parquet": (_truncate("data/**/*.parquet", 500), "data/chunk-000/file-000.parquet: not a readable"),
+    "truncated episodes parquet": (_truncate("meta/episodes/**/*.parquet", 500),
+                                   "meta/episodes/chunk-000/file-000.parquet: not a readable parquet"),
+    "stats.json not JSON": (lambda r: (r / "meta" / "stats.json").write_text("{"), "stats.json: not a readable JSON"),
+    "info.json missing": (_drop_info, "meta/info.json: missing"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(CLI_DAMAGE))
+def test_damaged_lerobot_dataset_exits_1_naming_the_file(lerobot_root, tmp_path, capsys, damage):
+    hurt, expected = CLI_DAMAGE[damage]
+    broken = _broken_copy(lerobot_root, tmp_path / "broken", hurt)
+    before = {p: p.read_bytes() for p in broken.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["data", "import", "--from-lerobot", str(broken), "--out", str(tmp_path / "out.zarr")]) == 1
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("robotft: error:") and expected in line], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken"]
+    assert {p: p.read_bytes() for p in broken.rglob("*") if p.is_file()} == before
+
+
+def test_environment_state_keeps_its_name_through_robotft(tmp_path):
+    """LeRobot → robotft → LeRobot keeps `observation.environment_state`, and any renamed feature's name."""
+    features = {
+        "observation.state": {"dtype": "float32", "shape": (3,), "names": None},
+        "observation.environment_state": {"dtype": "float32", "shape": (4,), "names": None},
+        "observation.velocity": {"dtype": "float32", "shape": (2,), "names": None},
+        "action": {"dtype": "float32", "shape": (2,), "names": None},
+    }
+    ds = LeRobotDataset.create("robotft/env", fps=FPS, features=features, root=tmp_path / "src", use_videos=False)
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        for _ in range(4):
+            ds.add_frame({k: rng.normal(size=f["shape"]).astype(np.float32) for k, f in features.items()}
+                         | {"task": "t"})
+        ds.save_episode()
+    ds.finalize()
+    import_lerobot(tmp_path / "src", tmp_path / "s.zarr", key_map=load_key_map({"observation.velocity": "vel"}))
+    assert sorted(ReplayBuffer.open(tmp_path / "s.zarr").keys) == ["action", "env_state", "state", "vel"]
+    export_lerobot(tmp_path / "s.zarr", tmp_path / "back", "robotft/back", vcodec="h264")
+    assert sorted(_load(tmp_path / "back", "robotft/back").meta.features) == sorted(
+        [*features, "timestamp", "frame_index", "episode_index", "index", "task_index"])
+
+
+def test_export_overwrite_refuses_what_is_not_a_lerobot_dataset(tmp_path, capsys):
+    features = {"action": FeatureSpec("action", (2,), "float32")}
+    with DatasetWriter(tmp_path / "s.zarr", features, fps=FPS) as w:
+        w.add_episode({"action": np.zeros((3, 2))})
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("keep")
+    (tmp_path / "file").write_text("keep")
+    for target, expected in (("mine", "is not a LeRobot dataset"), ("file", "is a file")):
+        capsys.readouterr()
+        rc = main(["data", "export", str(tmp_path / "s.zarr"), "--to-lerobot", str(tmp_path / target),
+                   "--repo-id", "x/y", "--overwrite"])
+        assert rc == 1 and expected in capsys.readouterr().err
+    assert (tmp_path / "mine" / "thesis.tex").read_text() == "keep" and (tmp_path / "file").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "mine", "s.zarr"]
+
+
+def test_pretrain_on_a_lerobot_recording_with_no_matching_simulator(tmp_path, capsys):
+    """A hardware recording (9-d state, one camera, 7-d actions; no env has this layout) trains without --env:
+    the specs come from the dataset, there is no evaluation, and the checkpoint loads and predicts."""
+    from robotft.checkpoint import load_policy
+
+    features = {
+        "observation.state": {"dtype": "float32", "shape": (9,), "names": [f"q{i}" for i in range(9)]},
+        "observation.images.wrist": {"dtype": "video", "shape": (24, 32, 3),
+                                     "names": ["height", "width", "channels"]},
+        "action": {"dtype": "float32", "shape": (7,), "names": None},
+    }
+    ds = LeRobotDataset.create("lab/franka", fps=FPS, features=features, root=tmp_path / "rec", use_videos=True,
+                               vcodec="h264")
+    rng = np.random.default_rng(0)
+    for ep in range(2):
+        for t in range(12):
+            ds.add_frame({"observation.state": rng.normal(size=9).astype(np.float32),
+                          "observation.images.wrist": _frame_image(ep, t)[:24, :32],
+                          "action": np.r_[rng.uniform(-0.5, 0.5, 6), -1.0].astype(np.float32), "task": "wipe"})
+        ds.save_episode()
+    ds.finalize()
+    assert main(["data", "import", "--from-lerobot", str(tmp_path / "rec"), "--out", str(tmp_path / "d.zarr")]) == 0
+    capsys.readouterr()
+    rc = main(["pretrain", "--policy", "gaussian_mlp", "--data", str(tmp_path / "d.zarr"), "--steps", "4",
+               "--train.batch_size", "8", "--policy.hidden_dims", "16", "--out", str(tmp_path / "bc")])
+    assert rc == 0, capsys.readouterr().err
+    policy, ckpt = load_policy(tmp_path / "bc")
+    assert ckpt.config["env"] is None and ckpt.spec.observations["state"].names[0] == "q0"
+    assert ckpt.spec.action.control_mode == "unknown" and ckpt.spec.action.control_hz == FPS
+    chunk = policy.predict_chunk({"state": torch.zeros(2, policy.config.obs_steps, 9)})
+    assert chunk.shape[-1] == 7 and torch.all(chunk[..., 6] == -1.0)

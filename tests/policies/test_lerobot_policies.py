@@ -223,5 +223,5 @@ def test_cli_policy_import(lerobot_smolvla_dir, tmp_path, capsys):
     assert isinstance(policy, LeRobotSmolVLA) and policy.config.task == TASK
     assert ckpt.config["env"]["task"] == "nav2d" and ckpt.meta["stage"] == "import"
     argv[3] = str(tmp_path / "nowhere")
-    assert main([*argv[:-1], str(tmp_path / "other")]) == 2
+    assert main([*argv[:-1], str(tmp_path / "other")]) == 1
     assert "nowhere: not a directory" in capsys.readouterr().err

@@ -230,7 +230,7 @@ def test_deploy_refuses_a_checkpoint_the_rig_cannot_feed(cli, tmp_path):
         "--record",
         tmp_path / "r.zarr",
         cwd=tmp_path,
-        expect_rc=2,
+        expect_rc=1,
     )
     assert "cannot deploy checkpoint" in proc.stderr and "extra/peg_pose (7 dims)" in proc.stderr
     assert not (tmp_path / "r.zarr").exists()
@@ -244,7 +244,7 @@ def test_no_operator_is_refused_on_a_real_robot(cli, checkpoint, tmp_path):
         "real_robot/franka_d435.yaml",
         "--no-operator",
         cwd=tmp_path,
-        expect_rc=2,
+        expect_rc=1,
     )
     assert "--no-operator is refused on a real robot" in proc.stderr
 
