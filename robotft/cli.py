@@ -1,4 +1,4 @@
-"""`robotft pretrain | finetune | eval | deploy | calibrate | data ...`: the command line.
+"""`robotft pretrain | finetune | distill | eval | deploy | calibrate | data ...`: the command line.
 
 Every config field can be overridden with a dotted flag after the named options, e.g.
 `robotft finetune --from runs/bc --algo dppo --rl.clip_eps 0.02 --env.num_envs 4`.
@@ -272,6 +272,24 @@ def cmd_finetune(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_distill(args: argparse.Namespace, extra: list[str]) -> int:
+    from robotft.distill import DistillConfig, run_distill
+    from robotft.policies.base import policy_config_class
+
+    groups = _split_overrides(parse_override_args(extra), ("env", "policy", ""))
+    env_cfg = load_env_config(args.env, groups["env"])
+    policy_path = find_preset("policies", args.policy)
+    policy_data = load_yaml(policy_path)
+    policy_cfg = from_dict(policy_config_class(policy_data.get("type", "")), policy_data, where=str(policy_path))
+    policy_cfg = apply_overrides(policy_cfg, groups["policy"], prefix="policy.") if groups["policy"] else policy_cfg
+    cfg = DistillConfig(teacher=args.teacher, out=args.out, env=env_cfg, rig=args.rig or "", rounds=args.rounds,
+                        seed=args.seed)
+    cfg = apply_overrides(cfg, groups[""]) if groups[""] else cfg
+    out = run_distill(cfg, policy_cfg, resume=args.resume)
+    print(f"checkpoint: {out / 'checkpoint'}\nlogs: tensorboard --logdir {out / 'tb'}", file=sys.stderr)
+    return 0
+
+
 def _checkpoint_env(ckpt) -> dict:
     """The env config a checkpoint was trained with; one trained without a simulator needs `--env`."""
     if not ckpt.config.get("env"):
@@ -338,17 +356,28 @@ def cmd_deploy(args: argparse.Namespace, extra: list[str]) -> int:
 
     if extra:
         raise ConfigError(f"deploy: unexpected arguments {extra}")
+    if args.check:
+        from robotft.real_robot.deploy import check_deployment
+
+        lines, problems = check_deployment(args.checkpoint, args.rig)
+        print("\n".join(lines))
+        if problems:
+            print("cannot deploy:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
+            return 2
+        print("ok: the rig provides every observation and executes the action")
+        return 0
     check_bound("episodes", args.episodes)
     check_bound("episode_time", args.episode_time)
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
     summary = deploy(DeployOptions(
         checkpoint=args.checkpoint, rig=args.rig, episodes=args.episodes, record=args.record, record_mode=mode,
         no_operator=args.no_operator, executor=args.executor, out=args.out, episode_time_s=args.episode_time,
-        seed=args.seed, device=args.device,
+        seed=args.seed, device=args.device, lockstep=args.lockstep,
     ))
     lo, hi = summary["ci95"]
+    report = f"latency report {summary['latency_json']}" if "latency_json" in summary else "lock-step"
     print(f"success {summary['success_rate']:.3f} (95% CI {lo:.3f}-{hi:.3f}) over {summary['scored']} scored "
-          f"episodes; latency report {summary['latency_json']}", file=sys.stderr)
+          f"episodes; {report}", file=sys.stderr)
     print(json.dumps(summary))
     return 0
 
@@ -431,6 +460,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_mode(ft)
     ft.set_defaults(func=cmd_finetune)
 
+    dis = sub.add_parser("distill", help="DAgger: a state teacher labels a camera student in simulation")
+    dis.add_argument("--teacher", required=True, help="state policy checkpoint or run directory")
+    dis.add_argument("--policy", required=True, help="student policy preset, e.g. diffusion_unet_rgb")
+    dis.add_argument("--env", required=True, help="env preset giving the student's and the teacher's keys")
+    dis.add_argument("--out", required=True)
+    dis.add_argument("--rig", default=None, help="limit the student to what this rig observes, e.g. "
+                                                 "real_robot/franka_d435.yaml (checked before training)")
+    dis.add_argument("--rounds", type=int, default=5)
+    dis.add_argument("--seed", type=int, default=0)
+    dis.add_argument("--resume", action="store_true", help="continue after the newest completed round")
+    dis.set_defaults(func=cmd_distill)
+
     ev = sub.add_parser("eval", help="evaluate a checkpoint in simulation")
     ev.add_argument("checkpoint")
     ev.add_argument("--episodes", type=int, default=50)
@@ -458,6 +499,12 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--episode-time", type=float, default=0.0, help="episode time limit in seconds")
     dep.add_argument("--seed", type=int, default=0)
     dep.add_argument("--device", default="auto")
+    dep.add_argument("--lockstep", action="store_true",
+                     help="simulated rigs: one control period of physics per action instead of real time "
+                          "(no timing effects, no cameras; needs --no-operator)")
+    dep.add_argument("--check", action="store_true",
+                     help="print the observation and action mapping and exit (non-zero when the checkpoint "
+                          "cannot run on the rig), without connecting to any device")
     _add_write_mode(dep)
     dep.set_defaults(func=cmd_deploy)
 

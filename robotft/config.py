@@ -253,6 +253,9 @@ class DomainRandomizationConfig:
     """[low, high] (degrees) of an offset added to each camera's vertical field of view."""
     light_scale: tuple[float, float] = (1.0, 1.0)
     """[low, high] of the factor that multiplies the nominal light intensities (where the renderer allows)."""
+    color_jitter: float = 0.0
+    """Half-width of a uniform offset added to each RGB channel (0-1) of every object's colour at each reset,
+    the same offset for all shapes of one object (where the renderer allows)."""
     obs_noise_std: float = 0.0
     """Std of Gaussian noise added to the `state` observation at every step (state units; images untouched)."""
     action_noise_std: float = 0.0
@@ -262,7 +265,7 @@ class DomainRandomizationConfig:
     until the first commanded action arrives the env receives the midpoint of the action bounds."""
 
     PHYSICAL = ("friction_scale", "mass_scale", "object_pos_range", "object_yaw_range", "camera_pos_range",
-                "camera_fov_range", "light_scale")
+                "camera_fov_range", "light_scale", "color_jitter")
     """Fields each adapter implements itself (or refuses)."""
 
     def __post_init__(self) -> None:
@@ -273,7 +276,7 @@ class DomainRandomizationConfig:
         _check_range("camera_fov_range", self.camera_fov_range)
         _check_range("action_latency_steps", self.action_latency_steps, minimum=0)
         for name in ("object_pos_range", "object_yaw_range", "camera_pos_range", "obs_noise_std",
-                     "action_noise_std"):
+                     "action_noise_std", "color_jitter"):
             if getattr(self, name) < 0:
                 raise ValueError(f"env.randomization.{name} must be >= 0, got {getattr(self, name)}")
 

@@ -17,13 +17,8 @@ import numpy as np
 from robotft.real_robot.robot import RobotCommand
 from robotft.real_robot.safety import SafetyLayer, SafetyLimits
 from robotft.real_robot.sim_camera import SimCamera, SimCameraConfig
-from robotft.real_robot.sim_franka import (
-    SimFranka,
-    SimFrankaConfig,
-    SimMarkerConfig,
-    SimObjectConfig,
-    SimSceneConfig,
-)
+from robotft.real_robot.sim_franka import SimFranka, SimFrankaConfig
+from robotft.real_robot.sim_scene import SimMarkerConfig, SimObjectConfig, SimSceneConfig
 
 
 def push_cube_robot() -> SimFranka:

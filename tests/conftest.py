@@ -12,7 +12,7 @@ import pytest
 
 # MuJoCo fixes its OpenGL backend when it is first imported, and mani_skill imports mujoco: without this,
 # a ManiSkill test that runs first leaves MuJoCo on GLFW (no display here) and every later simulated
-# camera fails with "gladLoadGL error". EGL renders headless (robotft.real_robot.sim_franka.import_mujoco).
+# camera fails with "gladLoadGL error". EGL renders headless (robotft.real_robot.sim_scene.import_mujoco).
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 

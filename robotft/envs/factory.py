@@ -62,7 +62,7 @@ BACKENDS["robosuite"] = _make_robosuite
 RANDOMIZES: dict[str, tuple[str, ...]] = {
     "mujoco": ("friction_scale", "mass_scale", "camera_fov_range", "light_scale"),
     "maniskill": ("friction_scale", "mass_scale", "object_pos_range", "object_yaw_range", "camera_pos_range",
-                  "camera_fov_range"),
+                  "camera_fov_range", "light_scale", "color_jitter"),
     "isaacgym": ("friction_scale", "mass_scale"),
 }
 """env.backend name -> the physical `env.randomization` fields its adapter implements (none if absent)."""

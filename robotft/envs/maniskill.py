@@ -27,6 +27,11 @@ from robotft.envs.workers import PooledEnv, WorkerError, WorkerPool  # noqa: F40
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 INSTALL_HINT = "pip install robotft[maniskill]"
+OBS_MODES = ("state", "rgb", "rgb+state")
+"""`state`: the flat privileged state; `rgb`: cameras plus proprioception (`state` = agent qpos/qvel and the
+task's non-privileged extras such as the TCP pose); `rgb+state`: `rgb`'s keys plus `privileged/state`, the
+`state` mode's vector, for a state teacher labelling a camera student (robotft.distill)."""
+PRIVILEGED_STATE = "privileged/state"
 
 
 def resolve_sim_backend(sim_backend: str, device: str | torch.device = "cpu") -> str:
@@ -47,7 +52,8 @@ class ManiSkillEnv(PooledEnv):
     """A ManiSkill3 task as a BatchedEnv; picks the in-process or the worker-process implementation.
 
     Observations: obs_mode `state` -> `{"state": [B, D] float32}`; obs_mode `rgb` -> `rgb/<camera>`
-    uint8 `[B, H, W, 3]` plus `state` (agent qpos/qvel and task extras, flattened). `info["success"]`
+    uint8 `[B, H, W, 3]` plus `state` (agent qpos/qvel and task extras, flattened); obs_mode `rgb+state`
+    adds `privileged/state`, the `state` mode's vector (see OBS_MODES). `info["success"]`
     is bool `[B]`; other per-env info entries of ManiSkill (e.g. `fail`) are passed through.
 
     Seeding follows BatchedEnv's rule: `reset(seed)` of all envs is reproducible, partial resets pass no
@@ -77,8 +83,8 @@ class _RawManiSkill(BatchedEnv):
         self.device = torch.device(device)
         self.max_episode_steps = cfg.max_episode_steps
         self.obs_mode = cfg.obs_mode
-        if cfg.obs_mode not in ("state", "rgb"):
-            raise ValueError(f"env.obs_mode {cfg.obs_mode!r}: the ManiSkill adapter supports state and rgb")
+        if cfg.obs_mode not in OBS_MODES:
+            raise ValueError(f"env.obs_mode {cfg.obs_mode!r}: the ManiSkill adapter supports {OBS_MODES}")
         kwargs = dict(cfg.kwargs)
         if sim_backend == "physx_cuda" and self.device.type == "cuda":
             # One GPU per torchrun rank: simulate and render on this process's GPU, not on ManiSkill's
@@ -89,7 +95,8 @@ class _RawManiSkill(BatchedEnv):
         self._env = gym.make(
             cfg.task,
             num_envs=cfg.num_envs,
-            obs_mode=cfg.obs_mode,
+            # ManiSkill's `rgb+state_dict` adds the privileged state (object poses) to the camera observation.
+            obs_mode="rgb+state_dict" if cfg.obs_mode == "rgb+state" else cfg.obs_mode,
             control_mode=cfg.control_mode,
             reward_mode=cfg.reward_mode,
             sim_backend=sim_backend,
@@ -112,13 +119,17 @@ class _RawManiSkill(BatchedEnv):
         # seeded reset. Fresh entropy until then, as ManiSkill's own unseeded start.
         # (numpy, so that drawing an episode seed is no tensor op: nothing to sync with a device)
         self._reset_stream = np.random.default_rng()
+        self._camera_extra = self._camera_mode_extra_keys() if cfg.obs_mode == "rgb+state" else None
         raw, _ = self._env.reset()
         first = self._convert_obs(raw)
         # The flat `state` has no structure left; the unflattened dict names each of its dimensions.
-        tree = self._env.get_obs(unflattened=True) if cfg.obs_mode == "state" else raw
+        tree = self._env.get_obs(unflattened=True) if cfg.obs_mode == "state" else self._camera_tree(raw)
         self.spec = _make_spec(
             first, self._env.single_action_space, cfg.control_mode, self._env.control_freq, _state_names(tree)
         )
+        if self._camera_extra is not None:
+            self.spec.observations[PRIVILEGED_STATE] = dataclasses.replace(
+                self.spec.observations[PRIVILEGED_STATE], names=_state_names(raw))
 
     def reset(self, seed: int | None = None, env_ids: torch.Tensor | None = None) -> Obs:
         """A seeded reset goes to ManiSkill as one int (it seeds the batch from it). An unseeded reset,
@@ -184,9 +195,32 @@ class _RawManiSkill(BatchedEnv):
             for cam, data in obs["sensor_data"].items()
             if "rgb" in data
         }
-        state = [_flatten(obs["agent"]), _flatten(obs["extra"])]
-        out["state"] = torch.cat([s for s in state if s is not None], dim=-1).to(self.device, torch.float32)
+        out["state"] = _flat_state(self._camera_tree(obs)).to(self.device, torch.float32)
+        if self._camera_extra is not None:
+            out[PRIVILEGED_STATE] = _flat_state(obs).to(self.device, torch.float32)
         return out
+
+    def _camera_tree(self, obs: dict) -> dict:
+        """The `agent` and `extra` parts of `obs` as the `rgb` mode gives them (no privileged extras)."""
+        if self._camera_extra is None:
+            return obs
+        return {"agent": obs["agent"], "extra": {k: v for k, v in obs["extra"].items() if k in self._camera_extra}}
+
+    def _camera_mode_extra_keys(self) -> set[str]:
+        """The task's `extra` observation keys without privileged state: tasks decide that from
+        `obs_mode_struct.use_state` in `_get_obs_extra`, so ask with it switched off once."""
+        struct = self._env.obs_mode_struct
+        saved = struct.state_dict
+        struct.state_dict = False
+        try:
+            return set(self._env._get_obs_extra(self._env.get_info()))
+        finally:
+            struct.state_dict = saved
+
+
+def _flat_state(tree: dict) -> torch.Tensor:
+    """`agent` then `extra` leaves flattened into `[B, D]`, the order of ManiSkill's flat `state` mode."""
+    return torch.cat([s for s in (_flatten(tree["agent"]), _flatten(tree["extra"])) if s is not None], dim=-1)
 
 
 def _import_mani_skill() -> Any:

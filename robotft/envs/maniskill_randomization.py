@@ -15,12 +15,16 @@ What ManiSkill 3.0.1 allows, and how each `DomainRandomizationConfig` field is a
   redrawn from their nominal values before a reset, and that reset rebuilds the scene
   (`options["reconfigure"]`), because ManiSkill reads camera configs only when it builds a scene. That
   rebuild makes each reset slower; CPU backend only (a GPU partial reset cannot reconfigure).
-- `light_scale`: not implemented (ManiSkill builds its lights in each task's `_load_lighting`, with no
-  per-episode hook); make_env refuses it.
+- `light_scale`: after the task's initialization, the ambient light and every light of the scene (ManiSkill
+  builds them in each task's `_load_lighting`) get their nominal colour times a fresh factor. CPU backend only.
+- `color_jitter`: likewise, every actor's render materials (cube, goal marker, table, ground) get their nominal
+  base colour plus one uniform RGB offset per actor, clipped to [0, 1]. CPU backend only.
+Lights and colours are render state: they change the camera images, not the physics, and need no rebuild.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -29,7 +33,7 @@ import torch
 
 from robotft.config import DomainRandomizationConfig
 
-_CPU_ONLY = ("friction_scale", "mass_scale", "camera_pos_range", "camera_fov_range")
+_CPU_ONLY = ("friction_scale", "mass_scale", "camera_pos_range", "camera_fov_range", "light_scale", "color_jitter")
 _CAMERA_STREAM = 0xCA3
 
 
@@ -51,6 +55,13 @@ class ManiSkillRandomizer:
         self._camera_nominal = {uid: (c.pose.raw_pose[0].cpu().numpy().copy(), float(c.fov))
                                 for uid, c in env._sensor_configs.items() if getattr(c, "fov", None) is not None}
         self._camera_rng = np.random.default_rng(_CAMERA_STREAM)
+        # The env's own camera overrides (the preset's `sensor_configs`: size, pose), kept under each draw.
+        self._custom_cameras = copy.deepcopy(env._custom_sensor_configs or {})
+        # Nominal light and material colours of the current scene (a camera rebuild makes a new scene).
+        self._render_scene: Any = None
+        self._lights: list[tuple[Any, np.ndarray]] = []
+        self._ambient: list[tuple[Any, np.ndarray]] = []
+        self._materials: dict[str, list[tuple[Any, np.ndarray]]] = {}
         task_initialize = env._initialize_episode
 
         def initialize_episode(env_idx: torch.Tensor, options: dict) -> None:
@@ -67,12 +78,12 @@ class ManiSkillRandomizer:
         if seed is not None:
             self._camera_rng = np.random.default_rng([seed, _CAMERA_STREAM])
         r, (lo, hi) = self.cfg.camera_pos_range, self.cfg.camera_fov_range
-        configs = {}
+        configs = copy.deepcopy(self._custom_cameras)
         for uid, (raw_pose, fov) in self._camera_nominal.items():
             pose = raw_pose.copy()
             pose[:3] += self._camera_rng.uniform(-r, r, size=3)
             fov_deg = math.degrees(fov) + self._camera_rng.uniform(lo, hi)
-            configs[uid] = {"pose": pose.tolist(), "fov": math.radians(fov_deg)}
+            configs[uid] = {**configs.get(uid, {}), "pose": pose.tolist(), "fov": math.radians(fov_deg)}
         self.env._custom_sensor_configs = configs
         return {"reconfigure": True}
 
@@ -87,6 +98,46 @@ class ManiSkillRandomizer:
                 self._perturb_pose(actor)
             if cfg.friction_scale != (1.0, 1.0) or cfg.mass_scale != (1.0, 1.0):
                 self._scale_physics(name, actor)
+        if cfg.light_scale != (1.0, 1.0) or cfg.color_jitter > 0:
+            self._randomize_render()
+
+    def _randomize_render(self) -> None:
+        """Scale the lights and jitter the object colours from their nominal values (drawn with torch's RNG,
+        which ManiSkill seeds per episode)."""
+        if self._render_scene is not self.env.scene:
+            self._record_render_nominals()
+        lo, hi = self.cfg.light_scale
+        factor = float(torch.empty(1).uniform_(lo, hi))
+        for system, ambient in self._ambient:
+            system.ambient_light = (ambient * factor).tolist()
+        for light, color in self._lights:
+            light.color = (color * factor).tolist()
+        c = self.cfg.color_jitter
+        for materials in self._materials.values():
+            offset = (torch.rand(3).numpy() * 2 - 1) * c
+            for material, color in materials:
+                material.base_color = [*np.clip(color[:3] + offset, 0.0, 1.0).tolist(), float(color[3])]
+
+    def _record_render_nominals(self) -> None:
+        import sapien
+
+        scene = self.env.scene
+        self._render_scene = scene
+        self._ambient = [(sub.render_system, np.asarray(sub.render_system.ambient_light, dtype=float))
+                         for sub in scene.sub_scenes]
+        self._lights = [(light, np.asarray(light.color, dtype=float))
+                        for sub in scene.sub_scenes for entity in sub.entities
+                        for light in entity.components if isinstance(light, sapien.render.RenderLightComponent)]
+        self._materials = {}
+        for name, actor in scene.actors.items():
+            materials = []
+            for entity in actor._objs:
+                body = entity.find_component_by_type(sapien.render.RenderBodyComponent)
+                for shape in [] if body is None else body.render_shapes:
+                    parts = shape.parts if hasattr(shape, "parts") else [shape]
+                    materials += [(p.material, np.asarray(p.material.base_color, dtype=float)) for p in parts]
+            if materials:
+                self._materials[name] = materials
 
     def _perturb_pose(self, actor: Any) -> None:
         from mani_skill.utils.structs.pose import Pose

@@ -11,11 +11,17 @@ The mapping reproduces the simulator's controller exactly (ManiSkill 3.0.1
 
     dp = pos_scale_m * clip(a[0:3], -1, 1)                       target_pos  = ee_pos + dp   (base frame)
     r  = a[3:6] / max(1, |a[3:6]|) * rot_scale_rad               target_quat = q_xyz(r) ⊗ ee_quat
-    finger = mid + half_range * clip(a[6], -1, 1)                gripper_width = 2 * finger
+    finger = mid + half_range * clip(a[-1], -1, 1)               gripper_width = clip(2 * finger, 0, 2 * finger_open_m)
 
 with `q_xyz` the intrinsic X-Y-Z Euler rotation. ManiSkill multiplies the rotation by the *lower* bound
 of its rotation range (`rot_lower = -0.1` for the Panda), hence the default `rot_scale_rad = -0.1`.
-Deltas are relative to the *measured* pose (`use_target=False`), like the simulator.
+Deltas are relative to the *measured* pose (`use_target=False`), like the simulator. `pd_ee_delta_pos`
+(`PDEEPosController`) is the same without the rotation: the target keeps the measured orientation.
+
+ManiSkill drives each finger to `finger_closed_m = -0.01` on a full close (past the closed position, so
+that the fingers squeeze thin objects). A width cannot be negative, so the width is clipped to
+`[0, 2 finger_open_m]`: "closed", with the grasp force; the simulated rig drives its fingers past closed
+itself (`SimFrankaConfig.finger_closed_target_m`).
 """
 
 from __future__ import annotations
@@ -35,9 +41,11 @@ class ActionMappingConfig:
     """How the rig executes one policy control mode; rig presets list one per supported mode."""
 
     control_mode: str = "pd_ee_delta_pose"
-    """The checkpoint's control mode this mapping implements: `pd_ee_delta_pose` or `pd_joint_delta_pos`."""
+    """The checkpoint's control mode this mapping implements: `pd_ee_delta_pose`, `pd_ee_delta_pos` or
+    `pd_joint_delta_pos`."""
     pos_scale_m: float = 0.1
-    """`pd_ee_delta_pose`: TCP translation (m) of a position action of 1 (ManiSkill Panda: 0.1)."""
+    """`pd_ee_delta_pose`, `pd_ee_delta_pos`: TCP translation (m) of a position action of 1 (ManiSkill
+    Panda: 0.1)."""
     rot_scale_rad: float = -0.1
     """`pd_ee_delta_pose`: factor (rad) on the norm-clipped rotation action; ManiSkill 3.0.1 uses its
     `rot_lower` bound, -0.1 for the Panda."""
@@ -95,7 +103,8 @@ class ActionMapper(abc.ABC):
         finger = 0.5 * (c.finger_open_m + c.finger_closed_m) + 0.5 * (
             c.finger_open_m - c.finger_closed_m
         ) * np.clip(a[-1], -1.0, 1.0)
-        return self._arm_command(a[:-1], state, timestamp_s, float(2.0 * finger))
+        width = float(np.clip(2.0 * finger, 0.0, 2.0 * c.finger_open_m)) if np.isfinite(finger) else float(finger)
+        return self._arm_command(a[:-1], state, timestamp_s, width)
 
     @abc.abstractmethod
     def _arm_command(
@@ -126,6 +135,21 @@ class EeDeltaPoseMapper(ActionMapper):
         return RobotCommand("ee_pose", timestamp_s, width, c.gripper_force_n, ee_pos=pos, ee_quat=quat)
 
 
+class EeDeltaPosMapper(ActionMapper):
+    """ManiSkill `pd_ee_delta_pos`: `target_pos = ee_pos + pos_scale_m * clip(a[:3], -1, 1)`, orientation
+    held at the measured one (ManiSkill solves the IK for the full pose, rotation unchanged)."""
+
+    arm_dim = 3
+    robot_mode = "ee_pose"
+
+    def _arm_command(
+        self, arm: np.ndarray, state: RobotState, timestamp_s: float, width: float
+    ) -> RobotCommand:
+        c = self.config
+        pos = state.ee_pos + c.pos_scale_m * np.clip(arm, -1.0, 1.0)
+        return RobotCommand("ee_pose", timestamp_s, width, c.gripper_force_n, ee_pos=pos, ee_quat=state.ee_quat)
+
+
 class JointDeltaPosMapper(ActionMapper):
     """ManiSkill `pd_joint_delta_pos`: `q_target = q_measured + joint_scale_rad * clip(a[:7], -1, 1)`."""
 
@@ -143,6 +167,7 @@ class JointDeltaPosMapper(ActionMapper):
 
 MAPPINGS: dict[str, type[ActionMapper]] = {
     "pd_ee_delta_pose": EeDeltaPoseMapper,
+    "pd_ee_delta_pos": EeDeltaPosMapper,
     "pd_joint_delta_pos": JointDeltaPosMapper,
 }
 """Checkpoint control mode -> mapper class."""

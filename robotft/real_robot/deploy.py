@@ -6,7 +6,10 @@
 2. Build the safety layer, the robot and the cameras (robotft.real_robot.backends), connect them.
 3. Run the episodes (robotft.real_robot.runner), recording them into the dataset store.
 4. Write `latency.json` / `latency.png` (robotft.real_robot.latency) and `deploy.json` (the tally with
-   its Wilson interval, each episode's outcome, the paths) into the output folder.
+   its Wilson interval, each episode's outcome and safety interventions, the paths) into the output folder.
+
+`--check` stops after step 1 and prints the observation and action mapping (`check_deployment`);
+`--lockstep` runs a simulated rig without the wall clock (robotft.real_robot.lockstep) instead of 2-3.
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ class DeployOptions:
     """Seed of the simulated scene's randomization (episode i uses seed + i)."""
     device: str = "auto"
     """Policy device: `auto`, `cpu` or `cuda`."""
+    lockstep: bool = False
+    """Simulated rigs: step the physics one control period per action instead of in real time
+    (robotft.real_robot.lockstep): no timing effects, no cameras, no recording, no latency report."""
 
 
 def check_operator_mode(rig: RigConfig, no_operator: bool, where: str) -> None:
@@ -69,6 +75,22 @@ def check_operator_mode(rig: RigConfig, no_operator: bool, where: str) -> None:
         )
     if rig.success is None:
         raise ConfigError(f"--no-operator needs a success predicate in rig {where} (key 'success')")
+
+
+def check_deployment(checkpoint: str, rig_name: str) -> tuple[list[str], list[str]]:
+    """`robotft deploy --check`: the observation/action mapping of `checkpoint` on rig `rig_name` and what is
+    missing (empty when it can run), from the checkpoint's config alone: no policy is built, no device is
+    touched."""
+    from robotft.checkpoint import read_checkpoint
+    from robotft.real_robot.rig import check_rig, describe_mapping
+
+    rig = load_rig(rig_name)
+    ckpt = read_checkpoint(checkpoint)
+    obs_keys = list(ckpt.config.get("policy", {}).get("obs_keys", []))
+    if not obs_keys:
+        raise ConfigError(f"{ckpt.path}: config.json names no policy.obs_keys")
+    lines = [f"checkpoint {ckpt.path} on rig {rig.name or rig_name}:", *describe_mapping(rig, ckpt.spec, obs_keys)]
+    return lines, check_rig(rig, ckpt.spec, obs_keys)
 
 
 def make_devices(rig: RigConfig, safety: SafetyLayer) -> tuple[Robot, dict[str, Camera]]:
@@ -96,6 +118,8 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
     require_compatible(rig, spec, policy.config.obs_keys, ckpt.path)
     episode_time_s = opts.episode_time_s or rig.episode_time_s or _env_episode_time(ckpt.config, rig)
     out = Path(opts.out) if opts.out else (Path(opts.record).parent if opts.record else Path("runs/deploy"))
+    if opts.lockstep:
+        return _deploy_lockstep(opts, rig, policy, ckpt, episode_time_s, out, device)
 
     mapping = rig.action_mapping(spec.action.control_mode)
     writer = None
@@ -161,10 +185,42 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
         "checkpoint": str(ckpt.path),
         "rig": rig.name or opts.rig,
         "executor": opts.executor or rig.executor.type,
+        "mode": "realtime",
+        "safety_total": result.latency.safety_counters,
         "record": opts.record,
         "latency_json": str(json_path),
         "latency_png": str(png_path),
     }
+    atomic_write(out / "deploy.json", json.dumps(summary, indent=2).encode())
+    return summary
+
+
+def _deploy_lockstep(
+    opts: DeployOptions, rig: RigConfig, policy: Any, ckpt: Any, episode_time_s: float, out: Path, device: str
+) -> dict[str, Any]:
+    """`deploy --lockstep`: the episodes in lock-step, `deploy.json` with each episode's safety counts."""
+    from robotft.real_robot.lockstep import make_lockstep_robot, run_lockstep
+    from robotft.real_robot.operator import Tally
+
+    if not opts.no_operator or opts.record:
+        raise ConfigError("--lockstep needs --no-operator (outcomes from the scene) and records nothing (no --record)")
+    robot = make_lockstep_robot(rig)
+    with robot:
+        episodes = run_lockstep(
+            policy, ckpt.spec, rig, robot, opts.episodes, round(episode_time_s * rig.control_hz), opts.seed, device
+        )
+    tally = Tally()
+    for e in episodes:
+        tally.add(e.outcome)
+    summary = {
+        **tally.to_dict(),
+        "episode_results": [vars(e) for e in episodes],
+        "safety_total": dict(robot.safety.counters),
+        "checkpoint": str(ckpt.path),
+        "rig": rig.name or opts.rig,
+        "mode": "lockstep",
+    }
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "deploy.json", json.dumps(summary, indent=2).encode())
     return summary
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from robotft.real_robot.sim_franka import ObjectPose
+from robotft.real_robot.sim_scene import ObjectPose
 from robotft.real_robot.transforms import Transform
 
 if TYPE_CHECKING:

@@ -249,6 +249,8 @@ class RigConfig:
     """Robot state and object poses older than this (s) at a tick are stale (the tick holds the arm)."""
     episode_time_s: float = 0.0
     """Episode time limit (s); 0: the checkpoint env's `max_episode_steps / control_hz`."""
+    start_timeout_s: float = 10.0
+    """At each episode start, how long (s) to wait for every stream's first sample after the reset."""
     safety: SafetyLimits = field(default_factory=SafetyLimits)
     """Safety limits (always on)."""
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
@@ -261,7 +263,7 @@ class RigConfig:
     """Success predicate on the simulated scene; needed for `--no-operator`."""
 
     def __post_init__(self) -> None:
-        for name in ("control_hz", "state_hz", "max_state_age_s"):
+        for name in ("control_hz", "state_hz", "max_state_age_s", "start_timeout_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"rig {name} must be a finite number > 0, got {getattr(self, name)}")
         names = [c.name for c in self.cameras]
@@ -435,6 +437,51 @@ def _action_problems(rig: RigConfig, spec: EnvSpec) -> list[str]:
     if action.control_hz and abs(action.control_hz - rig.control_hz) > 1e-6 * rig.control_hz:
         problems.append(f"action: trained at {action.control_hz:g} Hz, the rig runs at {rig.control_hz:g} Hz")
     return problems
+
+
+def describe_mapping(rig: RigConfig, spec: EnvSpec, obs_keys: Sequence[str]) -> list[str]:
+    """Human-readable lines: where each policy observation comes from on `rig` and how its actions run."""
+    lines = []
+    for key in obs_keys:
+        feature, obs = spec.observations.get(key), rig.observation(key)
+        shape = "?" if feature is None else "x".join(str(s) for s in feature.shape)
+        if obs is None:
+            lines.append(f"observation {key} [{shape}]: NO SOURCE on this rig")
+            continue
+        lines.append(f"observation {key} [{shape}]:")
+        parts: list[tuple[SourceConfig, str]] = []
+        if feature is not None and feature.names and not key.startswith(("rgb/", "depth/")):
+            matched, uncovered = _segments(feature.names, obs.sources)
+            parts = [(src, f"{sl.stop - sl.start} dims") for src, sl in matched]
+            lines += [f"  {g}: NO SOURCE" for g in _group(uncovered)]
+        else:
+            parts = [(src, "") for src in obs.sources]
+        for src, dims in parts:
+            what = {
+                "robot": lambda s: f"robot {'+'.join(s.fields)}",
+                "object": lambda s: f"object {s.object!r} {'+'.join(s.fields)}"
+                + ("" if s.object in rig.objects else " (NOT OBSERVABLE on this rig)"),
+                "constant": lambda s: f"constant {s.value}",
+                "camera": lambda s: f"camera {s.camera!r}",
+            }[src.source](src)
+            frame = f", {src.frame} frame" if src.source in ("robot", "object", "constant") else ""
+            sign = f", quat {src.quat_nonneg} >= 0" if src.quat_nonneg else ""
+            lines.append(f"  {src.segment or key} ({dims or 'all'}): {what}{frame}{sign}")
+    action = spec.action
+    mapping = None if action is None else rig.action_mapping(action.control_mode)
+    if action is None:
+        lines.append("action: NO ACTION SPEC in the checkpoint")
+    elif mapping is None:
+        lines.append(f"action {action.control_mode} [{action.dim}]: NOT EXECUTABLE on this rig")
+    else:
+        from robotft.real_robot.actions import MAPPINGS
+
+        mapper = MAPPINGS[mapping.control_mode]
+        lines.append(
+            f"action {action.control_mode} [{action.dim}] at {action.control_hz:g} Hz -> robot "
+            f"{mapper.robot_mode} targets at {rig.control_hz:g} Hz: {mapping}"
+        )
+    return lines
 
 
 def require_compatible(

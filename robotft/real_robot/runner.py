@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -134,6 +135,8 @@ class EpisodeResult:
     duration_s: float
     intervention_steps: int
     """Steps the operator drove during a take-over."""
+    safety: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Commands the safety layer clipped or refused during this episode, by reason."""
 
 
 @dataclass
@@ -302,6 +305,7 @@ class Runner:
         self.executor = self._make_executor(executor or rig.executor.type)
         self._last_sent: RobotCommand | None = None
         self._episode_start = -np.inf
+        self._announced: set[str] = set()
 
     def _make_executor(self, name: str) -> ChunkExecutor:
         cfg = self.rig.executor
@@ -376,7 +380,8 @@ class Runner:
         # Samples captured before the state read now show the previous episode (a simulated reset
         # teleports the scene): ticks hold the arm until every stream has a newer one.
         self._episode_start = self.robot.get_observation().timestamp_s
-        self.poller.poll_once()
+        self._wait_for_streams(index)
+        counters_before = dict(self.robot.safety.counters)
         self.executor.reset()
         self._last_sent = None
         history: collections.deque[dict[str, np.ndarray]] = collections.deque(maxlen=self.obs_steps)
@@ -419,7 +424,49 @@ class Runner:
         self.robot.stop()
         if self.recorder is not None:
             self.recorder.finish(outcome)
-        return EpisodeResult(index, outcome, steps, (time.monotonic() - (t0 or 0.0)), interventions)
+        safety = {
+            k: v - counters_before.get(k, 0)
+            for k, v in self.robot.safety.counters.items()
+            if v != counters_before.get(k, 0)
+        }
+        return EpisodeResult(index, outcome, steps, (time.monotonic() - (t0 or 0.0)), interventions, safety)
+
+    def _wait_for_streams(self, index: int) -> None:
+        """Before the episode's first tick, wait until every stream (robot, objects, cameras) has a sample
+        captured after the reset; the arm holds still meanwhile (no command is sent, so nothing counts as a
+        safety refusal). Each stream it waits for is named once per session as a warning (a camera's
+        first frame), afterwards at debug level (the wait after each reset is ordinary). Raises after
+        `rig.start_timeout_s`."""
+        deadline = time.monotonic() + self.rig.start_timeout_s
+        said: set[str] = set()
+        while True:
+            self.poller.poll_once()
+            self.poller.check()
+            waiting = sorted(
+                name
+                for name, buf in self.poller.buffers.items()
+                if (newest := buf.at(math.inf)) is None or newest[0] < self._episode_start
+            )
+            if not waiting:
+                return
+            new = [w for w in waiting if w not in said]
+            if new:
+                first = [w for w in new if w not in self._announced]
+                log.log(
+                    logging.WARNING if first else logging.DEBUG,
+                    "episode %d: waiting for the first sample since the reset from %s (a camera's first frame "
+                    "after start-up can take seconds); the policy starts when it arrives",
+                    index,
+                    ", ".join(new),
+                )
+                said.update(new)
+                self._announced.update(new)
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"episode {index}: no sample from {waiting} within {self.rig.start_timeout_s:g} s of the "
+                    "reset; check that the camera streams (rig key `start_timeout_s` sets this limit)"
+                )
+            time.sleep(1.0 / self.rig.state_hz)
 
     def _heartbeat_cameras(self) -> None:
         for name, cam in self.cameras.items():

@@ -7,7 +7,7 @@ rendered by overriding the OpenGL camera of the MuJoCo scene after `mjv_updateSc
 configured without rebuilding the model.
 
 Rendering is software OpenGL through EGL on machines without a GPU (`MUJOCO_GL=egl`, set by
-`robotft.real_robot.sim_franka.import_mujoco`); the OpenGL context belongs to the capture thread.
+`robotft.real_robot.sim_scene.import_mujoco`); the OpenGL context belongs to the capture thread.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import numpy as np
 
 from robotft.real_robot.camera import Frame, ThreadedCamera
 from robotft.real_robot.intrinsics import CameraIntrinsics
-from robotft.real_robot.sim_franka import SimFranka, import_mujoco
+from robotft.real_robot.sim_franka import SimFranka
+from robotft.real_robot.sim_scene import import_mujoco
 from robotft.real_robot.timing import RateLimiter
 
 log = logging.getLogger(__name__)

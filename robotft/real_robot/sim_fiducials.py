@@ -25,7 +25,7 @@ this far out of the face, as a printed sticker does, or the two surfaces fight f
 _PIXELS_PER_BIT = 32
 """Texture resolution: pixels per marker cell (sharp edges at the camera's resolution)."""
 _SCENE_GROUP = 2
-"""Geom group of scene geoms, rendered by the simulated camera (see sim_franka)."""
+"""Geom group of scene geoms, rendered by the simulated camera (see sim_scene)."""
 
 
 @dataclass

@@ -107,3 +107,21 @@ def test_averaging_the_two_modes_crashes():
         if term.all():
             break
     assert crashed.float().mean() >= 0.9
+
+
+def test_rendered_top_image_shows_agent_and_goal_where_the_state_says():
+    from robotft.envs.toy import VIEW_HALF_WIDTH, ToyNavEnv
+
+    env = ToyNavEnv(4, task="nav2d", image_size=32, jitter=0.5)
+    assert "rgb/top" not in ToyNavEnv(4).reset(seed=0)
+    assert env.spec.observations["rgb/top"].shape == (32, 32, 3)
+    obs = env.reset(seed=1)
+    image, state = obs["rgb/top"], obs["state"]
+    assert image.dtype == torch.uint8 and image.shape == (4, 32, 32, 3)
+    for b in range(4):
+        for channel, (x, y) in ((0, state[b, :2]), (1, state[b, 2:])):  # red agent, green goal
+            row, col = divmod(int(image[b, :, :, channel].argmax()), 32)
+            expect_col = (x / VIEW_HALF_WIDTH + 1) / 2 * 32
+            expect_row = (-y / VIEW_HALF_WIDTH + 1) / 2 * 32
+            assert abs(col + 0.5 - expect_col) <= 1 and abs(row + 0.5 - expect_row) <= 1
+    assert image[:, 16, 16, 2].eq(255).all()  # the obstacle disc at the origin, in blue

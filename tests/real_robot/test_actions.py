@@ -75,8 +75,21 @@ def test_gripper_maps_to_finger_width_like_maniskill():
     widths = [
         mapper.to_command(np.array([0, 0, 0, 0, 0, 0, g]), _state(), 0.0).gripper_width for g in (-1, 0, 1, 5)
     ]
-    # Finger joint target -0.01 .. 0.04 m per finger; the width is two fingers (the safety layer clamps < 0).
-    np.testing.assert_allclose(widths, [-0.02, 0.03, 0.08, 0.08])
+    # Finger joint target -0.01 .. 0.04 m per finger; the width is two fingers, and "past closed" is closed
+    # (a width is never negative, so a good policy's full close is not a safety clip).
+    np.testing.assert_allclose(widths, [0.0, 0.03, 0.08, 0.08])
+    nan = mapper.to_command(np.array([0, 0, 0, 0, 0, 0, np.nan]), _state(), 0.0).gripper_width
+    assert np.isnan(nan)  # left to the safety layer, which holds and counts it
+
+
+def test_ee_delta_pos_moves_the_tcp_and_keeps_the_measured_orientation():
+    mapper = make_mapper(ActionMappingConfig("pd_ee_delta_pos"))
+    state = _state(ee_quat=(0.1, 0.9, 0.05, 0.0))
+    cmd = mapper.to_command(np.array([0.5, -2.0, 0.1, 1.0]), state, 3.0)
+    assert mapper.arm_dim == 3 and cmd.control_mode == "ee_pose" and cmd.timestamp_s == 3.0
+    np.testing.assert_allclose(cmd.ee_pos, state.ee_pos + [0.05, -0.1, 0.01])
+    np.testing.assert_allclose(cmd.ee_quat, state.ee_quat)
+    assert cmd.gripper_width == pytest.approx(0.08)
 
 
 def test_zero_action_holds_the_measured_pose():

@@ -27,7 +27,8 @@ from robotft.real_robot.rig import ObjectPoseSourceConfig, check_rig, load_rig
 from robotft.real_robot.safety import SafetyLayer, SafetyLimits
 from robotft.real_robot.sim_camera import SimCamera, SimCameraConfig
 from robotft.real_robot.sim_fiducials import SimFiducialConfig
-from robotft.real_robot.sim_franka import SimFranka, SimFrankaConfig, SimObjectConfig, SimSceneConfig
+from robotft.real_robot.sim_franka import SimFranka, SimFrankaConfig
+from robotft.real_robot.sim_scene import SimObjectConfig, SimSceneConfig
 from robotft.real_robot.transforms import Transform, quat_to_matrix
 
 HALF = 0.02

@@ -12,7 +12,7 @@ import pytest
 from robotft.evaluation import wilson_interval
 from robotft.real_robot.operator import KeyboardOperator, SceneJudge, Tally
 from robotft.real_robot.rig import SuccessConfig
-from robotft.real_robot.sim_franka import ObjectPose
+from robotft.real_robot.sim_scene import ObjectPose
 
 
 @pytest.fixture

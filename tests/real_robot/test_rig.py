@@ -11,7 +11,7 @@ import pytest
 from robotft.config import ConfigError
 from robotft.real_robot.rig import ObservationBuilder, check_rig, load_rig
 from robotft.real_robot.robot import RobotState
-from robotft.real_robot.sim_franka import ObjectPose
+from robotft.real_robot.sim_scene import ObjectPose
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 PUSH_CUBE_NAMES = tuple(

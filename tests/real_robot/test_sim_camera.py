@@ -12,7 +12,8 @@ from robotft.real_robot.camera import StaleFrameError
 from robotft.real_robot.robot import RobotCommand
 from robotft.real_robot.safety import SafetyLayer, SafetyLimits
 from robotft.real_robot.sim_camera import SimCamera, SimCameraConfig
-from robotft.real_robot.sim_franka import SimFranka, SimFrankaConfig, SimObjectConfig, SimSceneConfig
+from robotft.real_robot.sim_franka import SimFranka, SimFrankaConfig
+from robotft.real_robot.sim_scene import SimObjectConfig, SimSceneConfig
 
 CUBE = np.array([0.55, 0.15, 0.02])
 

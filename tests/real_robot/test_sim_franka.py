@@ -11,14 +11,8 @@ import pytest
 
 from robotft.real_robot.robot import RobotCommand
 from robotft.real_robot.safety import SafetyLayer, SafetyLimits, panda_tcp_position
-from robotft.real_robot.sim_franka import (
-    SimFranka,
-    SimFrankaConfig,
-    SimMarkerConfig,
-    SimObjectConfig,
-    SimSceneConfig,
-    SimulationError,
-)
+from robotft.real_robot.sim_franka import SimFranka, SimFrankaConfig, SimulationError
+from robotft.real_robot.sim_scene import SimMarkerConfig, SimObjectConfig, SimSceneConfig
 
 CONTROL_DT = 0.1
 

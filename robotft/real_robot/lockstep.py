@@ -1,0 +1,125 @@
+"""A policy on the simulated rig in lock-step: the rig's mapping and physics without the wall clock.
+
+`robotft deploy --lockstep` on a simulated rig runs each episode as the training simulator does: observe,
+predict a chunk, execute `act_steps` actions, each through the rig's action mapping and safety layer
+followed by exactly one control period of physics (`SimFranka.advance`). Observations come from the
+rig's sources (robotft.real_robot.rig.ObservationBuilder) and success from the rig's scene predicate,
+exactly as in a real-time deployment; what is left out is timing (inference latency, a loaded CPU
+stealing time from the physics thread, camera frame ages) and the cameras. So the lock-step success
+against the training simulator's measures the sim-to-sim gap of the rig itself (scene, robot model,
+controller, mapping), and the real-time run adds the timing on top.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from robotft.real_robot.actions import make_mapper
+from robotft.real_robot.operator import SceneJudge
+from robotft.real_robot.rig import ObservationBuilder, RigConfig
+from robotft.real_robot.safety import SafetyLayer
+from robotft.specs import EnvSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LockstepEpisode:
+    """One lock-step episode."""
+
+    index: int
+    outcome: str
+    """`success` or `timeout`."""
+    steps: int
+    """Control steps executed."""
+    safety: dict[str, int] = field(default_factory=dict)
+    """Commands the safety layer clipped or refused in this episode, by reason."""
+
+
+def make_lockstep_robot(rig: RigConfig) -> Any:
+    """The rig's simulated robot in lock-step mode (`realtime=False`), not connected; its safety layer
+    watches only the policy (no camera runs in lock-step)."""
+    from robotft.real_robot.backends import make_robot, parse_robot_config
+
+    cfg = parse_robot_config(rig.robot.backend, rig.robot.config)
+    if not rig.simulated or not hasattr(cfg, "realtime"):
+        raise ValueError(
+            f"rig {rig.name!r}: lock-step needs a simulated robot, got backend {rig.robot.backend!r}"
+        )
+    safety = SafetyLayer(rig.safety, 1.0 / rig.control_hz, cameras=())
+    return make_robot(rig.robot.backend, replace(cfg, realtime=False), safety)
+
+
+def run_lockstep(
+    policy: Any,
+    spec: EnvSpec,
+    rig: RigConfig,
+    robot: Any,
+    episodes: int,
+    max_steps: int,
+    seed: int = 0,
+    device: str = "cpu",
+) -> list[LockstepEpisode]:
+    """Run `episodes` episodes (scene seeds `seed + i`) of at most `max_steps` control steps on the connected
+    lock-step `robot`; a receding-horizon executor runs the policy's `act_steps` of each chunk."""
+    if rig.success is None:
+        raise ValueError(f"rig {rig.name!r} has no success predicate (key 'success')")
+    obs_keys = list(policy.config.obs_keys)
+    builder = ObservationBuilder(rig, spec, obs_keys)
+    cameras = [s for s in builder.stream_names if s.startswith("camera/")]
+    if cameras:
+        raise ValueError(f"lock-step runs no cameras, and the policy reads {cameras}: deploy it in real time")
+    mapper = make_mapper(rig.action_mapping(spec.action.control_mode))
+    judge = SceneJudge(rig.success)
+    dt = 1.0 / rig.control_hz
+    act_steps = rig.executor.act_steps or int(policy.config.act_steps)
+    obs_steps = int(policy.config.obs_steps)
+    results = []
+    for i in range(episodes):
+        robot.reset_episode(seed=seed + i)
+        before = dict(robot.safety.counters)
+        history: collections.deque[dict[str, np.ndarray]] = collections.deque(maxlen=obs_steps)
+        queue: list[np.ndarray] = []
+        outcome, step = "timeout", 0
+        while step < max_steps:
+            obs = builder.build(samples(robot, builder))
+            history.append(obs)
+            while len(history) < obs_steps:
+                history.appendleft(obs)
+            if not queue:
+                queue = list(_predict(policy, history, obs_keys, device)[:act_steps])
+            action = queue.pop(0)
+            now = robot.clock()
+            robot.safety.watchdog.heartbeat("policy", now)
+            robot.send_action(mapper.to_command(action, robot.get_observation(), now + dt))
+            robot.advance(dt)
+            step += 1
+            if judge.judge(robot.object_poses()) == "success":
+                outcome = "success"
+                break
+        counts = {k: v - before.get(k, 0) for k, v in robot.safety.counters.items() if v != before.get(k, 0)}
+        results.append(LockstepEpisode(i, outcome, step, counts))
+        log.info("lock-step episode %d: %s after %d steps; safety %s", i, outcome, step, counts or "none")
+    return results
+
+
+def samples(robot: Any, builder: ObservationBuilder) -> dict[str, Any]:
+    """One sample per stream the observations need, read from the robot now."""
+    poses = robot.object_poses()
+    out: dict[str, Any] = {"robot": robot.get_observation()}
+    for name in builder.stream_names:
+        if name.startswith("object/"):
+            out[name] = poses[name.removeprefix("object/")]
+    return out
+
+
+@torch.no_grad()
+def _predict(policy: Any, history: collections.deque, obs_keys: list[str], device: str) -> np.ndarray:
+    obs = {k: torch.as_tensor(np.stack([h[k] for h in history]))[None].to(device) for k in obs_keys}
+    return policy.predict_chunk(obs, deterministic=True)[0].detach().cpu().numpy()
