@@ -397,6 +397,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     if args.json:
         print(json.dumps({"success_rate": result.success_rate, "ci95": [lo, hi], "episodes": result.episodes,
                           "mean_return": result.mean_return, "mean_length": result.mean_length,
+                          "success_once": result.success_once, "success_at_end": result.success_at_end,
                           "checkpoint": str(ckpt.path)}))
     return 0
 
@@ -675,7 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seed of the evaluation start states (default: the ones pretrain and finetune evaluate on)")
     ev.add_argument("--env", default=None, help="env preset (default: the checkpoint's env)")
     ev.add_argument("--env-override", action="append", help="KEY=VALUE applied to the env config")
-    ev.add_argument("--video", default=None, help="write an MP4 of the first env's episodes")
+    ev.add_argument("--video", default=None, help="PATH.mp4: one video per episode of the first env, PATH_ep<k>.mp4")
     ev.add_argument("--device", default="auto")
     ev.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ev.set_defaults(func=cmd_eval)

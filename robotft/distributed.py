@@ -60,8 +60,9 @@ class DistContext:
         return self.rank == 0
 
     def device(self, device: str) -> str:
-        """The device this rank trains on: `cuda` becomes `cuda:<LOCAL_RANK>`, one GPU per process."""
-        if self.enabled and device == "cuda":
+        """The device this rank trains on: `cuda` (or any `cuda:N`) becomes `cuda:<LOCAL_RANK>`, one GPU per
+        process; a fixed `cuda:N` would otherwise put every rank on the same GPU."""
+        if self.enabled and torch.device(device).type == "cuda":
             return f"cuda:{self.local_rank}"
         return device
 

@@ -29,6 +29,8 @@ class EvalResult:
     """Outcome of an evaluation run."""
 
     success_rate: float
+    """Fraction of episodes that ended in success (ManiSkill's `success_at_end`: the success flag at each
+    episode's last step; equal to `success_once` when success ends the episode, as in robotft's envs)."""
     ci95: tuple[float, float]
     """Wilson score interval of the success rate at 95%."""
     episodes: int
@@ -37,6 +39,10 @@ class EvalResult:
     """Mean episode length in env steps."""
     seconds: float
     env_steps: int
+    success_once: float = float("nan")
+    """Fraction of episodes that succeeded at any step (ManiSkill's `success_once`)."""
+    success_at_end: float = float("nan")
+    """Fraction of episodes successful at their last step (ManiSkill's `success_at_end`; = `success_rate`)."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -64,45 +70,91 @@ def evaluate(
     video_path: str | Path | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> EvalResult:
-    """Run `episodes` episodes. `act(obs) -> [B, H, act_dim]`. Each env runs an equal share of the
-    episodes (so short episodes do not crowd out long ones); the first `episodes` results count."""
+    """Run `episodes` episodes. `act(obs) -> [B, H, act_dim]`.
+
+    The first n = min(num_envs, episodes) envs each run an equal share, ceil(episodes / n), of the episodes
+    (so short episodes do not crowd out long ones), taken round-robin; the first `episodes` results count.
+    Envs beyond the first n step with the batch (a batched simulator cannot step a subset) but are not
+    counted, so 20 episodes on 256 training envs take about one episode's time, not 256 episodes. The
+    bookkeeping stays on the env's device (one host read per chunk: whether every count is full).
+
+    `video_path`: env 0's episodes as one MP4 each, `<stem>_ep<k><suffix>` beside it, rendered after every
+    env step (the control rate, the video's fps) from the first frame to the one that ended the episode.
+    """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
-    b = env.num_envs
-    quota = math.ceil(episodes / b)
-    per_env: list[list[tuple[bool, float, int]]] = [[] for _ in range(b)]
-    frames: list[np.ndarray] = []
+    b, dev = env.num_envs, env.device
+    n = min(b, episodes)
+    quota = math.ceil(episodes / n)
+    rows = torch.arange(n, device=dev)
+    count = torch.zeros(n, dtype=torch.long, device=dev)
+    success = torch.zeros(n, quota, dtype=torch.bool, device=dev)
+    success_once = torch.zeros(n, quota, dtype=torch.bool, device=dev)
+    returns = torch.zeros(n, quota, device=dev)
+    lengths = torch.zeros(n, quota, dtype=torch.long, device=dev)
+    video = _EpisodeVideos(video_path, env, quota) if video_path is not None else None
     t0 = time.perf_counter()
     env_steps = 0
     obs = env.reset(seed=seed)
-    while min(len(r) for r in per_env) < quota:
-        obs, _, _, _, info = env.step(act(obs))
+    if video is not None:
+        video.start()
+    while True:
+        obs, _, _, _, info = env.step(act(obs), render_env=0 if video is not None else None)
         env_steps += int(info["steps"])
-        if video_path is not None and len(per_env[0]) < quota:
-            frame = env.render_rgb()
-            if frame is not None:
-                frames.append(frame[0].cpu().numpy())
-        done = info["done"].cpu()
-        for i in torch.nonzero(done).flatten().tolist():
-            if len(per_env[i]) < quota:
-                per_env[i].append(
-                    (bool(info["success"][i]), float(info["episode_return"][i]), int(info["episode_length"][i]))
-                )
-                if progress is not None:
-                    progress(1)
-    results = [r for env_results in zip(*per_env, strict=False) for r in env_results][:episodes]
-    successes = sum(r[0] for r in results)
-    if video_path is not None and frames:
-        import imageio
-
-        Path(video_path).parent.mkdir(parents=True, exist_ok=True)
-        imageio.mimsave(str(video_path), frames, fps=10)
+        record = info["done"][:n] & (count < quota)
+        slot = count.clamp(max=quota - 1)
+        for table, value in ((success, info["success"]), (success_once, info["success_once"]),
+                             (returns, info["episode_return"]), (lengths, info["episode_length"])):
+            table[rows, slot] = torch.where(record, value[:n].to(table.dtype), table[rows, slot])
+        count += record.long()
+        if video is not None:
+            video.add(info["frames"], bool(info["done"][0]))
+        if progress is not None:
+            progress(int(record.sum()))
+        if int(count.min()) >= quota:
+            break
+    order = slice(0, episodes)  # episode j of env i is result i + j * n (round robin)
+    success_list = success.T.reshape(-1)[order].cpu()
+    once_list = success_once.T.reshape(-1)[order].cpu()
+    successes = int(success_list.sum())
     return EvalResult(
-        success_rate=successes / len(results),
-        ci95=wilson_interval(successes, len(results)),
-        episodes=len(results),
-        mean_return=float(np.mean([r[1] for r in results])),
-        mean_length=float(np.mean([r[2] for r in results])),
+        success_rate=successes / episodes,
+        ci95=wilson_interval(successes, episodes),
+        episodes=episodes,
+        mean_return=float(returns.T.reshape(-1)[order].mean()),
+        mean_length=float(lengths.T.reshape(-1)[order].float().mean()),
         seconds=time.perf_counter() - t0,
         env_steps=env_steps,
+        success_once=int(once_list.sum()) / episodes,
+        success_at_end=successes / episodes,
     )
+
+
+class _EpisodeVideos:
+    """Env 0's episodes of an evaluation, one MP4 per episode at the env's control rate."""
+
+    def __init__(self, path: str | Path, env: ChunkedEnv, quota: int) -> None:
+        self.path, self.env, self.quota = Path(path), env, quota
+        self.fps = float(env.spec.action.control_hz) if env.spec.action is not None else 10.0
+        self.frames: list[np.ndarray] = []
+        self.written = 0
+
+    def start(self) -> None:
+        """Begin an episode with the frame of its initial state."""
+        frame = self.env.render_env(0)
+        self.frames = [] if frame is None else [frame.cpu().numpy()]
+
+    def add(self, frames: list[np.ndarray], episode_ended: bool) -> None:
+        self.frames += frames
+        if episode_ended:
+            if self.written < self.quota and len(self.frames) > 1:  # only complete episodes are written
+                self._write()
+            self.start()
+
+    def _write(self) -> None:
+        import imageio
+
+        out = self.path.with_name(f"{self.path.stem}_ep{self.written}{self.path.suffix or '.mp4'}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        imageio.mimsave(str(out), self.frames, fps=self.fps)
+        self.written += 1

@@ -242,6 +242,7 @@ def test_push_cube_eval_json(cli, ms_root, ms_bc):
         result
     )
     assert math.isfinite(result["mean_return"]), result
+    assert result["success_at_end"] == result["success_rate"] <= result["success_once"] <= 1.0, result
 
 
 @pytest.mark.maniskill

@@ -179,3 +179,10 @@ def test_single_process_batches_match_a_seeded_dataloader():
     expected = [b[0] for _ in range(2) for b in loader]
     got = [next(ours)[0] for _ in range(len(expected))]
     assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+def test_each_rank_takes_its_own_gpu_whatever_cuda_device_is_named():
+    rank1 = DistContext(rank=1, world_size=2, local_rank=1)
+    assert rank1.device("cuda") == rank1.device("cuda:0") == "cuda:1"
+    assert rank1.device("cpu") == "cpu"
+    assert DistContext().device("cuda:0") == "cuda:0"  # one process: as asked

@@ -71,9 +71,13 @@ class Normalizer:
         offset, scale = self._stats(key, y)
         x = y * scale + offset
         constant = self.constant.get(key)
-        if constant is None or not bool(constant.any()):
+        if constant is None:
             return x
-        return torch.where(constant.to(x.device), offset, x)
+        if constant.device != x.device:  # kept on the data's device, as offset and scale are
+            constant = self.constant[key] = constant.to(x.device)
+        # `where` even when no dimension is constant: a branch on `constant.any()` would be a host sync (and a
+        # graph break under torch.compile) on every sampled chunk.
+        return torch.where(constant, offset, x)
 
     def _stats(self, key: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if key not in self.mode:

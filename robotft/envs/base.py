@@ -34,8 +34,15 @@ class BatchedEnv(abc.ABC):
     def reset(self, seed: int | None = None, env_ids: torch.Tensor | None = None) -> Obs:
         """Reset all envs (`env_ids=None`) or only `env_ids` (long tensor of indices).
 
-        `seed` seeds the reset deterministically: env i gets seed `seed + i` (for partial resets, the
-        envs in `env_ids` get `seed + env_id`). Returns the observations of *all* envs.
+        Seeding rule, the same for every adapter and for CPU worker processes and ManiSkill's GPU backend
+        alike: a reset of all envs with a `seed` is reproducible (same seed, backend and `num_envs`, same
+        initial states); partial resets are not re-seeded (`ChunkedEnv` passes `seed=None`): each env's
+        next episode continues a random stream that the last seeded reset determined, so a whole run is
+        reproducible from one seed without the cost of re-seeding on every auto-reset. How the seed maps
+        to envs is the simulator's: adapters that hold one env per process or per simulator instance give
+        env i the seed `seed + i`; ManiSkill's GPU backend seeds the whole batch from `seed`. A run on CPU
+        workers and one on the GPU backend are therefore each reproducible, with equally distributed but
+        not identical initial states. Returns the observations of *all* envs.
         """
 
     @abc.abstractmethod
@@ -43,12 +50,23 @@ class BatchedEnv(abc.ABC):
         """Apply one action per env. Returns `(obs, reward, terminated, truncated, info)`;
         `info["success"]` is always present."""
 
+    def step_chunk(self, actions: torch.Tensor) -> list[tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict]]:
+        """`step` for each of `actions[:, t]` (`[B, T, act_dim]`), in order; the list of the T results.
+        Adapters whose steps cost a round trip (worker processes) override it to make one per chunk."""
+        return [self.step(actions[:, t]) for t in range(actions.shape[1])]
+
     def close(self) -> None:  # noqa: B027 - optional hook, most adapters hold no external resources
         """Release simulator resources (worker processes, renderers)."""
 
     def render_rgb(self) -> torch.Tensor | None:
         """Optional `[B, H, W, 3]` uint8 frame for videos; None when the adapter cannot render."""
         return None
+
+    def render_env(self, i: int) -> torch.Tensor | None:
+        """`[H, W, 3]` uint8 frame of env `i` (videos record one env); None when the adapter cannot render.
+        Adapters that can render one env alone (one process per env) override this to skip the others."""
+        frame = self.render_rgb()
+        return None if frame is None else frame[i]
 
     def __enter__(self) -> BatchedEnv:
         return self

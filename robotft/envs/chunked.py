@@ -18,8 +18,10 @@ from robotft.specs import EnvSpec
 class ChunkedEnv:
     """Wrap `env` so observations are histories `[B, obs_steps, *shape]` and actions are chunks.
 
-    Per-episode seeds: `reset(seed)` seeds env i with `seed + i`; the k-th partial reset after it seeds
-    env i with `seed + k * num_envs + i`, so a whole run is reproducible from one seed.
+    Seeding (BatchedEnv.reset's rule): `reset(seed)` seeds every env; the partial resets of finished envs
+    pass no seed, and the simulator continues the random streams that seed determined, so a whole run is
+    reproducible from one seed and an auto-reset costs no re-seeding (on ManiSkill's GPU backend a seed
+    list rebuilds one RNG per env on every call).
     """
 
     def __init__(self, env: BatchedEnv, obs_steps: int, act_steps: int) -> None:
@@ -31,10 +33,9 @@ class ChunkedEnv:
         self.obs_steps = obs_steps
         self.act_steps = act_steps
         self._history: Obs = {}
-        self._seed: int | None = None
-        self._num_partial_resets = 0
         self._episode_return = torch.zeros(env.num_envs, device=env.device)
         self._episode_length = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
+        self._success_once = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
 
     @property
     def num_envs(self) -> int:
@@ -59,21 +60,25 @@ class ChunkedEnv:
 
     def reset(self, seed: int | None = None) -> Obs:
         """Reset every env; returns histories `[B, obs_steps, *shape]` padded with the first frame."""
-        self._seed = seed
-        self._num_partial_resets = 0
         self._history = self._pad(self.env.reset(seed=seed))
         self._episode_return.zero_()
         self._episode_length.zero_()
+        self._success_once.zero_()
         return {k: v.clone() for k, v in self._history.items()}
 
-    def step(self, action_chunk: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    def step(
+        self, action_chunk: torch.Tensor, render_env: int | None = None
+    ) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         """Execute `action_chunk[:, :act_steps]` (chunk `[B, horizon >= act_steps, act_dim]`).
 
         Returns `(obs, reward [B] float32, terminated [B] bool, truncated [B] bool, info)`; `obs` are the
         histories after the chunk, of the new episode for envs that finished and were reset. `info`:
-        `done`, `success` (at each env's last valid step), `final_obs` (histories when each env
+        `done`, `success` (at each env's last valid step: ManiSkill's `success_at_end`), `success_once` (at
+        any step of the episode so far, ManiSkill's `success_once`), `final_obs` (histories when each env
         finished; equal to `obs` for envs not done), `episode_return` and `episode_length` (env steps;
-        valid where `done`), `steps` (env steps executed, `B * act_steps`).
+        valid where `done`), `steps` (env steps executed, `B * act_steps`). With `render_env` = i, also
+        `frames`: env i rendered after each of its env steps in this chunk up to and including the one that
+        ended its episode (`[H, W, 3]` uint8 numpy arrays, control rate; videos only, it reads the device).
         """
         if not self._history:
             raise RuntimeError("ChunkedEnv.step called before reset")
@@ -84,35 +89,57 @@ class ChunkedEnv:
         terminated = torch.zeros(B, dtype=torch.bool, device=dev)
         truncated = torch.zeros(B, dtype=torch.bool, device=dev)
         success = torch.zeros(B, dtype=torch.bool, device=dev)
+        frames = []
+        # Rendering needs the env between steps; otherwise the whole chunk goes to the env at once.
+        results = self._step_chunk(chunk) if render_env is None else None
         for t in range(self.act_steps):
-            obs, reward, term, trunc, info = self.env.step(chunk[:, t])
+            obs, reward, term, trunc, info = results[t] if results is not None else self.env.step(chunk[:, t])
             reward_sum += torch.where(alive, reward.float(), 0.0)
             self._episode_length += alive.long()
             success = torch.where(alive, info["success"].bool(), success)
+            self._success_once |= alive & info["success"].bool()
             terminated |= alive & term
             truncated |= alive & trunc
             self._push(obs, alive)
+            if render_env is not None and bool(alive[render_env]):
+                frame = self.env.render_env(render_env)
+                if frame is not None:
+                    frames.append(frame.cpu().numpy())
             alive = alive & ~(term | trunc)
         done = ~alive
         self._episode_return += reward_sum
         info = {
             "done": done,
             "success": success,
+            "success_once": self._success_once.clone(),
             "final_obs": {k: v.clone() for k, v in self._history.items()},
             "episode_return": self._episode_return.clone(),
             "episode_length": self._episode_length.clone(),
             "steps": B * self.act_steps,
         }
-        if done.any():
-            self._reset_done(done.nonzero().squeeze(-1))
+        if render_env is not None:
+            info["frames"] = frames
+        # One host sync per chunk: the ids of the finished envs (ManiSkill's partial reset takes indices).
+        ids = done.nonzero().squeeze(-1)
+        if ids.numel():
+            self._reset_done(ids)
         return {k: v.clone() for k, v in self._history.items()}, reward_sum, terminated, truncated, info
 
     def render_rgb(self) -> torch.Tensor | None:
         """`[B, H, W, 3]` uint8 frame of the wrapped env, or None when it cannot render."""
         return self.env.render_rgb()
 
+    def render_env(self, i: int) -> torch.Tensor | None:
+        """`[H, W, 3]` uint8 frame of env `i` alone, or None when the env cannot render."""
+        return self.env.render_env(i)
+
     def close(self) -> None:
         self.env.close()
+
+    def _step_chunk(self, chunk: torch.Tensor) -> list[tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict]]:
+        """The env's results for the chunk's first `act_steps` actions (BatchedEnv.step_chunk: one worker round
+        trip per chunk where the env runs in worker processes)."""
+        return self.env.step_chunk(chunk[:, : self.act_steps])
 
     def _check_chunk(self, action_chunk: torch.Tensor) -> torch.Tensor:
         shape = tuple(action_chunk.shape)
@@ -140,10 +167,9 @@ class ChunkedEnv:
             self._history[k] = torch.where(mask, rolled, self._history[k])
 
     def _reset_done(self, ids: torch.Tensor) -> None:
-        self._num_partial_resets += 1
-        seed = None if self._seed is None else self._seed + self._num_partial_resets * self.num_envs
-        obs = self.env.reset(seed=seed, env_ids=ids)
+        obs = self.env.reset(seed=None, env_ids=ids)
         for k, hist in self._pad({k: v[ids] for k, v in obs.items()}).items():
             self._history[k][ids] = hist
         self._episode_return[ids] = 0.0
         self._episode_length[ids] = 0
+        self._success_once[ids] = False

@@ -35,10 +35,11 @@ task's non-privileged extras such as the TCP pose); `rgb+state`: `rgb`'s keys pl
 PRIVILEGED_STATE = "privileged/state"
 
 
-def resolve_sim_backend(sim_backend: str) -> str:
-    """`auto` -> `physx_cuda` when CUDA is present, else `physx_cpu`."""
+def resolve_sim_backend(sim_backend: str, device: str | torch.device = "cpu") -> str:
+    """`auto` -> `physx_cuda` when the run's `device` is a CUDA device, else `physx_cpu` (so `--device cpu`
+    simulates on the CPU even on a GPU machine)."""
     if sim_backend == "auto":
-        return "physx_cuda" if torch.cuda.is_available() else "physx_cpu"
+        return "physx_cuda" if torch.device(device).type == "cuda" and torch.cuda.is_available() else "physx_cpu"
     if sim_backend not in ("physx_cpu", "physx_cuda"):
         raise ValueError(f"env.sim_backend {sim_backend!r}: expected auto, physx_cpu or physx_cuda")
     if sim_backend == "physx_cuda" and not torch.cuda.is_available():
@@ -55,11 +56,16 @@ class ManiSkillEnv(PooledEnv):
     uint8 `[B, H, W, 3]` plus `state` (agent qpos/qvel and task extras, flattened); obs_mode `rgb+state`
     adds `privileged/state`, the `state` mode's vector (see OBS_MODES). `info["success"]`
     is bool `[B]`; other per-env info entries of ManiSkill (e.g. `fail`) are passed through.
-    `reset(seed)` seeds env i with `seed + i`.
+
+    Seeding follows BatchedEnv's rule: `reset(seed)` of all envs is reproducible, partial resets pass no
+    seed to ManiSkill. The per-env mapping is ManiSkill's own: the GPU backend seeds the whole batch from
+    `seed` (its episode initialisation runs under `torch.manual_seed(seed)`), CPU worker i is a one-env
+    ManiSkill seeded with `seed + i`. So one seed gives reproducible runs on each backend, but not the
+    same initial states on both.
     """
 
     def __init__(self, cfg: EnvConfig, device: str | torch.device = "cpu") -> None:
-        sim_backend = resolve_sim_backend(cfg.sim_backend)
+        sim_backend = resolve_sim_backend(cfg.sim_backend, device)
         if sim_backend == "physx_cpu" and cfg.num_envs > 1:
             worker_cfg = dataclasses.replace(cfg, num_envs=1, sim_backend="physx_cpu")
             self._use(WorkerPool(_build_worker_env, worker_cfg, cfg.num_envs, device, "ManiSkill"))
@@ -80,9 +86,13 @@ class _RawManiSkill(BatchedEnv):
         self.obs_mode = cfg.obs_mode
         if cfg.obs_mode not in OBS_MODES:
             raise ValueError(f"env.obs_mode {cfg.obs_mode!r}: the ManiSkill adapter supports {OBS_MODES}")
-        if sim_backend == "physx_cuda" and self.device.index is not None:
-            # One GPU per torchrun rank: simulate on this process's GPU, not on ManiSkill's default cuda:0.
-            sim_backend = f"physx_cuda:{self.device.index}"
+        kwargs = dict(cfg.kwargs)
+        if sim_backend == "physx_cuda" and self.device.type == "cuda":
+            # One GPU per torchrun rank: simulate and render on this process's GPU, not on ManiSkill's
+            # default cuda:0 (`device` is `cuda:<LOCAL_RANK>` under torchrun, robotft.distributed).
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            sim_backend = f"physx_cuda:{index}"
+            kwargs.setdefault("render_backend", f"cuda:{index}")
         self._env = gym.make(
             cfg.task,
             num_envs=cfg.num_envs,
@@ -92,7 +102,7 @@ class _RawManiSkill(BatchedEnv):
             reward_mode=cfg.reward_mode,
             sim_backend=sim_backend,
             render_mode="rgb_array",
-            **cfg.kwargs,
+            **kwargs,
         ).unwrapped
         self._randomizer = None
         if cfg.randomization.active_physical():
@@ -106,6 +116,10 @@ class _RawManiSkill(BatchedEnv):
                 stacklevel=2,
             )
         self._elapsed = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
+        # Seeds the torch RNG under which unseeded resets initialise their episodes; reseeded by every
+        # seeded reset. Fresh entropy until then, as ManiSkill's own unseeded start.
+        # (numpy, so that drawing an episode seed is no tensor op: nothing to sync with a device)
+        self._reset_stream = np.random.default_rng()
         self._camera_extra = self._camera_mode_extra_keys() if cfg.obs_mode == "rgb+state" else None
         raw, _ = self._env.reset()
         first = self._convert_obs(raw)
@@ -119,12 +133,24 @@ class _RawManiSkill(BatchedEnv):
                 self.spec.observations[PRIVILEGED_STATE], names=_state_names(raw))
 
     def reset(self, seed: int | None = None, env_ids: torch.Tensor | None = None) -> Obs:
+        """A seeded reset goes to ManiSkill as one int (it seeds the batch from it). An unseeded reset,
+        which is what partial resets are, passes no seed: ManiSkill then rebuilds no per-env RNGs (with a
+        seed list it rebuilds one numpy RNG per env, twice, on every call, ~0.1 ms per env) and initialises
+        the episodes under the torch RNG, which is seeded here, in a fork, from a stream that the last
+        seeded reset seeded. So episodes after partial resets are reproducible from the seed, do not
+        consume the caller's torch RNG (the policy's sampling noise), and differ between CPU workers."""
         options = {} if env_ids is None else {"env_idx": env_ids.to(self._env.device, torch.long)}
         if self._randomizer is not None:
             options.update(self._randomizer.reset_options(seed))
-        # ManiSkill takes one seed per env (length num_envs); a partial reset uses only its envs' seeds.
-        seeds = None if seed is None else [seed + i for i in range(self.num_envs)]
-        obs, _ = self._env.reset(seed=seeds, options=options)
+        if seed is not None:
+            self._reset_stream = np.random.default_rng(seed)
+            obs, _ = self._env.reset(seed=seed, options=options)
+        else:
+            episode_seed = int(self._reset_stream.integers(2**62))
+            devices = [self._env.device] if self._env.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(episode_seed)
+                obs, _ = self._env.reset(options=options)
         ids = slice(None) if env_ids is None else env_ids.to(self.device, torch.long)
         self._elapsed[ids] = 0
         return self._convert_obs(obs)

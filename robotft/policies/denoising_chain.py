@@ -72,6 +72,9 @@ class Chain:
     """`[B, K]` log-density of each transition, summed over H×A."""
     actions: torch.Tensor
     """`[B, H, A]` the chunk in env units (x_0 clipped and unnormalized)."""
+    elementwise_logprob: torch.Tensor | None = None
+    """`[B, K, H, A]` the per-entry log-densities that `logprob` sums, when the sampler kept them (an
+    algorithm that clamps or averages entries, as DPPO does, then needs no second network pass)."""
 
     def __post_init__(self) -> None:
         if self.latents.ndim != 4:

@@ -28,7 +28,6 @@ from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
 from robotft.policies.denoising_chain import (
     Chain,
     chain_transitions,
-    gaussian_logprob,
     gaussian_logprob_elementwise,
 )
 from robotft.policies.encoders import ObsEncoder, check_chunk, sinusoidal_embedding
@@ -37,6 +36,7 @@ from robotft.specs import EnvSpec
 
 SAMPLERS = ("ddpm", "ddim")
 BACKBONES = ("mlp", "unet")
+DETERMINISTIC_SAMPLERS = ("ddim_eta0", "posterior_mean", "model_std")
 
 
 @dataclasses.dataclass
@@ -64,7 +64,15 @@ class DiffusionPolicyConfig(PolicyConfig):
     """Number of DDIM steps (timesteps spaced `trailing`, so the first step starts from t = T-1)."""
     ddim_eta: float = 1.0
     """DDIM η of stochastic sampling and of RL transitions (DPPO fine-tunes with η = 1); deterministic
-    sampling always uses η = 0."""
+    sampling is set by `deterministic_sampler`."""
+    deterministic_sampler: str = "ddim_eta0"
+    """What `predict_chunk(deterministic=True)` (evaluation, deployment) runs. `ddim_eta0`: every transition
+    is DDIM's with η = 0 over the sampler's timesteps (Song et al. 2021 eq. 12 with σ = 0; for a DDPM policy
+    DDIM over all T steps), from x_K = 0, the prior's mean, when no generator is given: the action is a function
+    of the observation alone. (On ManiSkill PushCube, 24 episodes each: x_K = 0 83%, random x_K 79%, DDPM's
+    own sampler 79%; one fixed random x_K shared by every observation 12-21%.) `posterior_mean`: as `ddim_eta0`, but each DDPM step takes the
+    posterior mean μ̃ (Ho et al. 2020 eq. 7) instead (DDIM policies: η = 0). `model_std`: the older,
+    not deterministic mode: DDPM steps keep their posterior std σ̃, DDIM takes η = 0, x_K random."""
     denoised_clip: float = 1.0
     """Clip the predicted clean chunk x̂_0 to [-denoised_clip, denoised_clip] at every step (DPPO)."""
     final_action_clip: float = 1.0
@@ -110,6 +118,11 @@ class DiffusionPolicyConfig(PolicyConfig):
             raise ValueError(f"policy.ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.ddim_eta < 0:
             raise ValueError(f"policy.ddim_eta must be >= 0, got {self.ddim_eta}")
+        if self.deterministic_sampler not in DETERMINISTIC_SAMPLERS:
+            raise ValueError(
+                f"policy.deterministic_sampler must be one of {DETERMINISTIC_SAMPLERS}, got "
+                f"{self.deterministic_sampler!r}"
+            )
         if not self.hidden_dims:
             raise ValueError("policy.hidden_dims must name at least one hidden layer")
         if self.backbone not in BACKBONES:
@@ -296,6 +309,8 @@ class DiffusionPolicy(Policy):
         self.register_buffer("abar_t", abar_t, persistent=False)
         self.register_buffer("abar_prev", abar_prev, persistent=False)
         self.register_buffer("sigma", sigma, persistent=False)  # [N] the model's own transition std σ_k
+        # The same stds on the host, so that checks on them need no device sync.
+        self._sigma_host: list[float] = sigma.tolist()
 
         if config.ft_denoising_steps > 0:
             self.enable_finetuning(config.ft_denoising_steps)
@@ -422,29 +437,42 @@ class DiffusionPolicy(Policy):
         self.config.ft_denoising_steps = ft_denoising_steps
 
     def _predict_eps(
-        self, cond: torch.Tensor, x: torch.Tensor, index: torch.Tensor, use_base: bool = False
+        self, cond: torch.Tensor, x: torch.Tensor, index: torch.Tensor, net: str
     ) -> torch.Tensor:
-        """ε̂ `[B, H*A]` for rows at sampler steps `index` `[B]`: `ft_net` for fine-tuned steps, else (and
-        everywhere if `use_base`) the pretrained model (the EMA weights while pretraining)."""
+        """ε̂ `[B, H*A]` for rows at sampler steps `index` `[B]`. `net`, decided on the host so that no row
+        selection syncs with the device: `base` (the pretrained model; the EMA weights while pretraining),
+        `ft` (`ft_net`), or `mixed` (each row's own network, both evaluated and selected with `where`)."""
         t = self.timesteps[index]
         base = self.ema_net if self.ema_net is not None else self.net
-        if self.ft_net is None or use_base:
+        if net == "base" or self.ft_net is None:
             return base(x, t, cond)
-        use_ft = index >= self.first_recorded_step
-        eps = x.new_empty(x.shape)
-        for net, rows in ((self.ft_net, use_ft), (base, ~use_ft)):
-            if rows.any():
-                eps[rows] = net(x[rows], t[rows], cond[rows])
-        return eps
+        if net == "ft":
+            return self.ft_net(x, t, cond)
+        use_ft = (index >= self.first_recorded_step)[:, None]
+        return torch.where(use_ft, self.ft_net(x, t, cond), base(x, t, cond))
+
+    def _net_for(self, steps: list[int] | None, use_base: bool = False) -> str:
+        """Which network computes steps `steps` (host ints; None: unknown on the host): see `_predict_eps`."""
+        if self.ft_net is None or use_base:
+            return "base"
+        if steps is None:
+            return "mixed"
+        first = self.first_recorded_step
+        if all(i >= first for i in steps):
+            return "ft"
+        return "base" if all(i < first for i in steps) else "mixed"
 
     def _transition_std(self, index: torch.Tensor, min_std: float, deterministic: bool) -> torch.Tensor:
         """Std `[B]` of the transitions at steps `index`.
 
         Exploration (`deterministic=False`): max(σ_k, min_std), DPPO's min_sampling_denoising_std.
-        Deterministic: the model's own std with no exploration: DDPM's posterior σ̃_k, DDIM's η = 0 (0).
+        Deterministic: 0 (every step takes its mean), except with `deterministic_sampler: model_std`, where
+        DDPM keeps its posterior σ̃_k.
         """
         if deterministic:
-            return self.sigma[index] if self.config.sampler == "ddpm" else self.sigma.new_zeros(index.shape)
+            if self.config.sampler == "ddpm" and self.config.deterministic_sampler == "model_std":
+                return self.sigma[index]
+            return self.sigma.new_zeros(index.shape)
         return self.sigma[index].clamp(min=min_std)
 
     def exploration_std(self, min_std: float) -> torch.Tensor:
@@ -455,18 +483,29 @@ class DiffusionPolicy(Policy):
     def _gaussian(
         self, x: torch.Tensor, eps_hat: torch.Tensor, index: torch.Tensor, min_std: float, deterministic: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean `[B, H*A]` and std `[B, 1]` of x_prev given x `[B, H*A]` and the network's ε̂ at `index`."""
+        """Mean `[B, H*A]` and std `[B, 1]` of x_prev given x `[B, H*A]` and the network's ε̂ at `index`.
+
+        Exploration transitions and `model_std` use the sampler's own mean (DDPM: μ̃); a deterministic
+        `ddim_eta0` step is DDIM's mean with σ = 0 whatever the sampler."""
         abar_t, abar_prev = self.abar_t[index, None], self.abar_prev[index, None]
         x0, eps = predict_x0(x, eps_hat, abar_t, self.config.denoised_clip)
         std = self._transition_std(index, min_std, deterministic)[:, None]
-        if self.config.sampler == "ddpm":
+        ddpm = self.config.sampler == "ddpm" and not (
+            deterministic and self.config.deterministic_sampler == "ddim_eta0"
+        )
+        if ddpm:
             return ddpm_mean(x, x0, abar_t, abar_prev), std
         return ddim_mean(x0, eps, abar_prev, std), std
 
-    def _check_scorable(self, index: torch.Tensor, min_std: float) -> None:
-        std = self._transition_std(index, min_std, deterministic=False)
-        if not bool((std > 0).all()):
-            zero = sorted({int(i) for i in index[std <= 0]})
+    def _check_scorable(self, steps: list[int] | None, min_std: float, index: torch.Tensor | None = None) -> None:
+        """Refuse to score transitions of std 0. Checked on the host (`steps`, or any std when `min_std > 0`);
+        only a device-held `index` with `min_std <= 0` needs a device read."""
+        if min_std > 0:
+            return
+        if steps is None:
+            steps = sorted({int(i) for i in index.tolist()})
+        zero = sorted({i for i in steps if self._sigma_host[i] <= 0})
+        if zero:
             raise ValueError(
                 f"transitions at steps {zero} have std 0 (a point mass, no log-density) with min_std={min_std}; "
                 "pass min_std > 0 to score them"
@@ -478,27 +517,35 @@ class DiffusionPolicy(Policy):
         min_std: float,
         deterministic: bool,
         generator: torch.Generator | None,
-        score: bool,
+        score_std: float | None,
         use_base: bool = False,
+        x: torch.Tensor | None = None,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Run the whole chain from x_K ~ N(0, I). Returns the recorded latents (from step
-        `first_recorded_step` on, each `[B, H*A]`) and, if `score`, their transitions' log-densities under
-        the exploration transitions (std floor `min_std`), each `[B]`."""
+        """Run the whole chain from x_K (`x`, else x_K ~ N(0, I)). Returns the recorded latents (from step
+        `first_recorded_step` on, each `[B, H*A]`) and, unless `score_std` is None, their transitions'
+        per-entry log-densities `[B, H*A]` under the exploration transitions with std floor `score_std`.
+
+        The step index is a host int: which network runs a step is decided without reading the device, so
+        the loop has no host syncs and compiles as one graph."""
         batch, dim = cond.shape[0], self.config.horizon_steps * self.act_dim
         first = self.first_recorded_step
-        x = torch.randn(batch, dim, generator=generator, device=cond.device)
+        if x is None:
+            x = torch.randn(batch, dim, generator=generator, device=cond.device)
         latents, logprobs = [x] if first == 0 else [], []
+        noiseless = deterministic and not (
+            self.config.sampler == "ddpm" and self.config.deterministic_sampler == "model_std"
+        )
         for i in range(self.num_denoising_steps):
             index = torch.full((batch,), i, dtype=torch.long, device=cond.device)
-            eps_hat = self._predict_eps(cond, x, index, use_base)
+            eps_hat = self._predict_eps(cond, x, index, self._net_for([i], use_base))
             mean, std = self._gaussian(x, eps_hat, index, min_std, deterministic)
-            x_prev = mean + std * torch.randn(x.shape, generator=generator, device=x.device)
-            if score and i >= first:
+            x_prev = mean if noiseless else mean + std * torch.randn(x.shape, generator=generator, device=x.device)
+            if score_std is not None and i >= first:
                 # With noise off the sample came from the model's own transition; score it under the
                 # exploration transition all the same, so logprobs always mean the same distribution.
-                if deterministic:
-                    mean, std = self._gaussian(x, eps_hat, index, min_std, deterministic=False)
-                logprobs.append(gaussian_logprob(x_prev, mean, std))
+                if deterministic or score_std != min_std:
+                    mean, std = self._gaussian(x, eps_hat, index, score_std, deterministic=False)
+                logprobs.append(gaussian_logprob_elementwise(x_prev, mean, std))
             if i + 1 >= first:
                 latents.append(x_prev)
             x = x_prev
@@ -508,10 +555,15 @@ class DiffusionPolicy(Policy):
     def predict_chunk(
         self, obs: Obs, deterministic: bool = True, *, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """Actions `[B, H, A]` in env units: the full chain with exploration noise off (`deterministic`:
-        DDIM η = 0, DDPM with its own posterior std) or the model's stochastic sampler (DDIM η = ddim_eta).
+        """Actions `[B, H, A]` in env units: with `deterministic`, the chain of `config.deterministic_sampler`
+        (default DDIM η = 0 from x_K = 0, unless `generator` draws x_K: a function of the observation alone);
+        otherwise the model's stochastic sampler (DDPM, or DDIM with η = ddim_eta).
         """
-        latents, _ = self._denoise(self.encode_obs(obs), 0.0, deterministic, generator, score=False)
+        cond = self.encode_obs(obs)
+        x = None
+        if deterministic and generator is None and self.config.deterministic_sampler != "model_std":
+            x = cond.new_zeros(cond.shape[0], self.config.horizon_steps * self.act_dim)
+        latents, _ = self._denoise(cond, 0.0, deterministic, generator, score_std=None, x=x)
         return self._to_actions(latents[-1])
 
     @property
@@ -544,28 +596,34 @@ class DiffusionPolicy(Policy):
         deterministic: bool = False,
         generator: torch.Generator | None = None,
         use_base: bool = False,
+        logprob_min_std: float | None = None,
     ) -> Chain:
         """Run the chain and record its last `ft_denoising_steps` transitions (all if 0), DPPO-style.
 
         Exploration transitions have std max(σ_k, min_std) (DDIM: η chosen so that its std is this, Song
-        et al. eq. 12); `deterministic=True` takes the same path with the model's own std (DDIM η = 0).
-        Logprobs are always those of the exploration transitions, so `min_std` must make them non-zero.
-        `use_base=True` runs every step with the frozen pretrained network (DPPO's BC regularizer samples
-        the base policy); its logprobs are then the base policy's.
+        et al. eq. 12); `deterministic=True` takes the same path with noise off (`deterministic_sampler`).
+        Logprobs are those of the exploration transitions with std floor `logprob_min_std` (default
+        `min_std`; an algorithm that scores with another floor gets its log-probabilities from the sampling
+        pass, with no second network pass), so that floor must make them non-zero. `use_base=True` runs every
+        step with the frozen pretrained network (DPPO's BC regularizer samples the base policy); its logprobs
+        are then the base policy's.
         """
+        score_std = min_std if logprob_min_std is None else logprob_min_std
         cond = self.encode_obs(obs)
-        steps = torch.arange(self.first_recorded_step, self.num_denoising_steps, device=cond.device)
-        self._check_scorable(steps, min_std)
+        steps = list(range(self.first_recorded_step, self.num_denoising_steps))
+        self._check_scorable(steps, score_std)
         latents, logprobs = self._denoise(
-            cond, min_std, deterministic, generator, score=True, use_base=use_base
+            cond, min_std, deterministic, generator, score_std=score_std, use_base=use_base
         )
         batch = cond.shape[0]
         chunk = (batch, len(latents), self.config.horizon_steps, self.act_dim)
+        elementwise = torch.stack(logprobs, dim=1).view(batch, len(steps), *chunk[2:])
         return Chain(
             latents=torch.stack(latents, dim=1).view(chunk),
-            step_indices=steps,
-            logprob=torch.stack(logprobs, dim=1),
+            step_indices=torch.tensor(steps, dtype=torch.long),
+            logprob=elementwise.sum(dim=(-1, -2)),
             actions=self._to_actions(latents[-1]),
+            elementwise_logprob=elementwise,
         )
 
     def transition_logprob(
@@ -598,9 +656,23 @@ class DiffusionPolicy(Policy):
                 f"batch sizes differ: cond {cond.shape[0]}, x_k {batch}, x_prev {x_prev.shape[0]}"
             )
         index = torch.as_tensor(step_index, dtype=torch.long, device=x_k.device).expand(batch)
-        self._check_scorable(index, min_std)
+        return self._transition_elementwise(cond, x_k, x_prev, index, _host_steps(step_index), min_std)
+
+    def _transition_elementwise(
+        self,
+        cond: torch.Tensor,
+        x_k: torch.Tensor,
+        x_prev: torch.Tensor,
+        index: torch.Tensor,
+        steps: list[int] | None,
+        min_std: float,
+    ) -> torch.Tensor:
+        """`transition_elementwise_logprob` with the steps `index` `[B]` also as host ints `steps` (None when
+        unknown), which pick the network without reading the device."""
+        self._check_scorable(steps, min_std, index)
         x = x_k.flatten(1)
-        mean, std = self._gaussian(x, self._predict_eps(cond, x, index), index, min_std, deterministic=False)
+        eps_hat = self._predict_eps(cond, x, index, self._net_for(steps))
+        mean, std = self._gaussian(x, eps_hat, index, min_std, deterministic=False)
         return gaussian_logprob_elementwise(x_prev.flatten(1), mean, std).view_as(x_prev)
 
     def chain_logprob(self, obs: Obs, chain: Chain, min_std: float) -> torch.Tensor:
@@ -630,8 +702,19 @@ class DiffusionPolicy(Policy):
             step_indices = torch.arange(self.num_denoising_steps - k, self.num_denoising_steps)
         cond = self.encode_obs(obs).repeat_interleave(k, dim=0)  # row b * K + j, as chain_transitions
         x_k, x_prev, index = chain_transitions(latents, step_indices)
-        lp = self.transition_elementwise_logprob(cond, x_k, x_prev, index, min_std)
+        check_chunk("x_k", x_k, self.config.horizon_steps, self.act_dim)
+        lp = self._transition_elementwise(cond, x_k, x_prev, index, _host_steps(step_indices), min_std)
         return lp.view(latents.shape[0], k, *lp.shape[1:])
+
+
+def _host_steps(step_index: torch.Tensor | int) -> list[int] | None:
+    """The sampler steps of `step_index` as host ints when they are known without reading a device (an int,
+    or a CPU tensor); None for a tensor on an accelerator."""
+    if isinstance(step_index, int):
+        return [step_index]
+    if step_index.device.type == "cpu":
+        return sorted(set(step_index.tolist()))
+    return None
 
 
 @register_policy("diffusion_mlp", DiffusionPolicyConfig)

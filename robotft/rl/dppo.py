@@ -86,20 +86,25 @@ class DPPO(Algorithm):
         return self.k
 
     def act(self, obs: Obs, deterministic: bool = False) -> ActOutput:
-        chain = self.policy.sample_chain(obs, min_std=self.cfg.min_sampling_std, deterministic=deterministic)
+        """Sample a chain; its log-probabilities come from the sampling pass itself (the per-entry densities
+        under the `min_logprob_std` floor), not from running the network over the chain a second time."""
+        chain = self.policy.sample_chain(obs, min_std=self.cfg.min_sampling_std, deterministic=deterministic,
+                                         logprob_min_std=self.cfg.min_logprob_std)
         sample = {"chain": chain.latents}
-        with torch.no_grad():
-            logprob = self.logprob(obs, sample)
-        return ActOutput(actions=chain.actions, sample=sample, logprob=logprob)
+        return ActOutput(actions=chain.actions, sample=sample, logprob=self._reduce(chain.elementwise_logprob))
 
     def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
         """`[N, K]`: per-transition log N(x_{k-1}; μ_θ(x_k), max(σ_k, min_logprob_std)²), clamped per
         dimension and averaged (DPPO's default `rl.logprob_reduction`) over the executed `act_steps × act_dim`
         entries."""
         lp = self.policy.chain_elementwise_logprob(obs, sample["chain"], min_std=self.cfg.min_logprob_std)
+        return self._reduce(lp)
+
+    def _reduce(self, elementwise: torch.Tensor) -> torch.Tensor:
+        """Per-entry log-densities `[N, K, H, A]` → the surrogate's `[N, K]` (clamp, executed entries, mean)."""
         lo, hi = self.cfg.logprob_clamp
         act_steps = self.policy.config.act_steps
-        return self.reduce_entries(lp.clamp(lo, hi)[:, :, :act_steps])
+        return self.reduce_entries(elementwise.clamp(lo, hi)[:, :, :act_steps])
 
     def actor_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.policy.ft_net.parameters() if p.requires_grad]

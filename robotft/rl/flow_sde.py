@@ -46,9 +46,10 @@ class FlowSDEConfig:
 class FlowSDE(Algorithm):
     name = "flow_sde"
     config_cls = FlowSDEConfig
-    rl_defaults: ClassVar[dict[str, Any]] = {"clip_eps": 0.2, "actor_lr": 1e-5, "update_epochs": 4}
-    """π_RL's PPO on the one scored SDE step: per-entry ratios (mean log-density) clipped at 0.2, a small actor
-    learning rate, few epochs."""
+    rl_defaults: ClassVar[dict[str, Any]] = {"clip_eps": 0.2, "actor_lr": 3e-5, "update_epochs": 4}
+    """π_RL's PPO on the one scored SDE step: per-entry ratios (mean log-density) clipped at 0.2 and few epochs;
+    the actor learning rate is sized for robotft's small flow transformers (π_RL's 5e-6 is for a 3B VLA): on the
+    toy suite, 15 iterations took a weak BC from 0.31 to 0.37 at 1e-5, 0.73 at 3e-5, 1.0 at 1e-4."""
 
     def __init__(self, policy: FlowPolicy, cfg: FlowSDEConfig) -> None:
         if not isinstance(policy, FlowPolicy):

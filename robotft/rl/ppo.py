@@ -44,7 +44,12 @@ class PPOConfig:
     update_epochs: int = 10
     """Passes over the rollout per iteration."""
     minibatch_size: int = 50
-    """Chunks per gradient step (capped at the rollout size)."""
+    """Chunks per gradient step (capped at the rollout size); used when `num_minibatches` is 0."""
+    num_minibatches: int = 0
+    """When > 0, each epoch splits the rollout's n chunks into this many minibatches of n // num_minibatches
+    (ManiSkill's PPO baseline), so an iteration takes `update_epochs × num_minibatches` optimizer steps at any
+    num_envs; 0 keeps the fixed `minibatch_size` (whose step count grows with num_envs: 2,560 steps per
+    iteration at 256 envs with the defaults). Recommended for hundreds of envs (docs/distributed.md)."""
     actor_lr: float = 3e-5
     """Learning rate of the trained policy parameters."""
     critic_lr: float = 1e-3
@@ -103,11 +108,24 @@ class PPOConfig:
     dual_clip: float = 0.0
     """Dual-clip PPO (Ye et al. 2020, arXiv 1912.09729): for A < 0 the clipped surrogate is bounded
     by c · A, so a huge ratio on a bad action cannot blow up the loss. c > 1 (the paper uses 3); 0 disables."""
+    compile: bool = False
+    """`torch.compile` the policy's networks and the critic (rollout sampling and update alike). Pays a
+    compile time at the first iterations; worth it on a GPU with hundreds of envs."""
+    cuda_graphs: bool = False
+    """Compile with CUDA graphs (`mode="reduce-overhead"`), which replays each network call as one graph
+    launch. CUDA only: refused on another device. Implies `compile`."""
+    bf16: bool = False
+    """bfloat16 autocast of the network forward passes in rollout sampling and in the update (optimizer state
+    and log-density arithmetic stay float32). The networks' outputs carry bf16 rounding into the
+    log-probability ratios, which DPPO's clip ranges of 1e-3 to 1e-2 may not tolerate: compare with a float32
+    run first. On CPU bf16 is usually slower."""
 
     def __post_init__(self) -> None:
         for name in ("iterations", "steps_per_iter", "update_epochs", "minibatch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_minibatches < 0:
+            raise ValueError(f"rl.num_minibatches must be >= 0 (0: use rl.minibatch_size), got {self.num_minibatches}")
         if not 0.0 < self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
             raise ValueError(f"rl.gamma must be in (0, 1] and rl.gae_lambda in [0, 1]; got {self.gamma}, {self.gae_lambda}")
         if self.dual_clip != 0 and self.dual_clip <= 1:
@@ -164,6 +182,24 @@ class PPO:
         self.env_steps = 0
         self.seed = seed
         self._obs = None
+        if cfg.cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"rl.cuda_graphs needs a CUDA device; this run is on {self.device} (drop the flag)")
+        if cfg.compile or cfg.cuda_graphs:
+            # Module.compile swaps each module's forward for the compiled one in place: sampling, scoring and
+            # the critic all go through it.
+            mode = "reduce-overhead" if cfg.cuda_graphs else None
+            for module in [*algo.policy.children(), critic]:
+                module.compile(mode=mode)
+
+    def _autocast(self):
+        """bf16 autocast of forward passes when `rl.bf16` is on (a no-op context otherwise)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16)
+
+    def minibatch_size(self, n: int) -> int:
+        """Chunks per gradient step for a rollout of `n` chunks (`num_minibatches` or `minibatch_size`)."""
+        if self.cfg.num_minibatches > 0:
+            return max(1, n // self.cfg.num_minibatches)
+        return min(self.cfg.minibatch_size, n)
 
     # -- rollout ----------------------------------------------------------------------------------
 
@@ -175,14 +211,18 @@ class PPO:
             self._obs = env.reset(seed=self.seed + 10_000 * self.iteration)
         buf = RolloutBuffer(cfg.steps_per_iter, env.num_envs, self.device)
         t0 = time.perf_counter()
-        episodes = successes = steps = 0
-        returns: list[float] = []
+        steps = 0
+        # Episode statistics stay on the device until the rollout ends: no host sync per chunk for them.
+        episodes = torch.zeros((), dtype=torch.long, device=self.device)
+        successes = torch.zeros((), dtype=torch.long, device=self.device)
+        ended_returns, ended = [], []
         reward_lo = reward_hi = None
         self.algo.policy.eval()
         for _ in range(cfg.steps_per_iter):
             obs = self._obs
-            out = self.algo.act(obs, deterministic=False)
-            value = self._value(obs, out.sample)
+            with self._autocast():
+                out = self.algo.act(obs, deterministic=False)
+                value = self._value(obs, out.sample).float()
             next_obs, reward, terminated, truncated, info = env.step(out.actions)
             done = terminated | truncated
             reward_lo = reward.min() if reward_lo is None else torch.minimum(reward_lo, reward.min())
@@ -196,18 +236,22 @@ class PPO:
             if cfg.bootstrap_on_success:
                 bootstrap = bootstrap | (terminated & info["success"])
             if bootstrap.any() and not cfg.group_advantages:
-                final_value = self._value(info["final_obs"])
+                with self._autocast():
+                    final_value = self._value(info["final_obs"]).float()
                 reward = reward + cfg.gamma * final_value * bootstrap.float()
-            buf.add(obs, out.sample, out.logprob, value, reward, done)
+            buf.add(obs, out.sample, out.logprob.float(), value, reward, done)
             self._obs = next_obs
             steps += int(info["steps"])
-            if done.any():
-                episodes += int(done.sum())
-                successes += int((info["success"] & done).sum())
-                returns += info["episode_return"][done].tolist()
-        next_value = self._value(self._obs)
+            episodes += done.sum()
+            successes += (info["success"] & done).sum()
+            ended_returns.append(info["episode_return"])
+            ended.append(done)
+        with self._autocast():
+            next_value = self._value(self._obs).float()
+        returns = torch.stack(ended_returns)[torch.stack(ended)].tolist() if ended else []
         varied = float(reward_hi > reward_lo) if reward_lo is not None else 0.0
-        steps, episodes, successes, varied = (int(v) for v in self.dist.sum([steps, episodes, successes, varied]))
+        steps, episodes, successes, varied = (int(v) for v in self.dist.sum([steps, int(episodes), int(successes),
+                                                                              varied]))
         returns = self.dist.gather_lists(returns)
         self.env_steps += steps
         stats = RolloutStats(steps, episodes, successes, returns, time.perf_counter() - t0,
@@ -247,7 +291,7 @@ class PPO:
         old_logp, old_values = flat["logprobs"], flat["values"]
         advantages, returns = advantages.reshape(-1), returns.reshape(-1)
         n = advantages.shape[0]
-        mb = min(cfg.minibatch_size, n)
+        mb = self.minibatch_size(n)
         train_critic = not cfg.group_advantages
         train_actor = self.iteration >= cfg.critic_warmup_iters or not train_critic
         skipped_no_signal = train_actor and cfg.skip_no_signal and not signal
@@ -268,14 +312,16 @@ class PPO:
                 loss = torch.zeros((), device=self.device)
                 step_metrics = {}
                 if train_critic:
-                    v_loss = self._value_loss(mb_obs, returns[idx], old_values[idx], mb_samples)
+                    with self._autocast():
+                        v_loss = self._value_loss(mb_obs, returns[idx], old_values[idx], mb_samples)
                     loss = cfg.vf_coef * v_loss
                     step_metrics["value_loss"] = v_loss.item()
                 if train_actor:
-                    pg_loss, kl, pg_metrics = self._policy_loss(
-                        mb_obs, mb_samples, old_logp[idx], advantages[idx], weights, clip
-                    )
-                    extra, extra_metrics = algo.extra_loss(mb_obs, mb_samples)
+                    with self._autocast():
+                        pg_loss, kl, pg_metrics = self._policy_loss(
+                            mb_obs, mb_samples, old_logp[idx], advantages[idx], weights, clip
+                        )
+                        extra, extra_metrics = algo.extra_loss(mb_obs, mb_samples)
                     loss = loss + pg_loss + extra
                     step_metrics.update(pg_metrics, **extra_metrics)
                     # Every rank stops on the same minibatch: the KL of the global minibatch decides.
@@ -331,7 +377,7 @@ class PPO:
         if self.cfg.norm_adv and not self.cfg.group_advantages and adv.numel() > 1:
             mean, std = self.dist.mean_std(adv)
             adv = (adv - mean) / (std + 1e-8)
-        new_logp = self.algo.logprob(obs, samples)
+        new_logp = self.algo.logprob(obs, samples).float()
         logratio = new_logp - old_logp
         ratio = logratio.exp()
         adv_k = adv[:, None] * weights[None, :]
@@ -363,6 +409,8 @@ class PPO:
             "env_steps": self.env_steps,
             "algo": self.algo.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            # The rollout's sampling noise is drawn on the device: resume it there too.
+            **({"cuda_rng": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -374,6 +422,8 @@ class PPO:
         self.env_steps = int(state["env_steps"])
         self.algo.load_state_dict(state["algo"])
         torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
 
 
 def group_relative_advantages(rewards: torch.Tensor, dones: torch.Tensor, eps: float = 1e-8,

@@ -80,8 +80,8 @@ def test_rewards_sum_up_to_done_and_finished_envs_reset():
     assert torch.equal(info["final_obs"]["state"][1:], obs["state"][1:])
     # Env 0 was reset: its history is the new episode's first frame, repeated.
     assert obs["state"][0].tolist() == [[0, 2], [0, 2]]
-    # Partial reset seed: seed + k * num_envs (k-th partial reset), then + env_id inside the env.
-    assert base.reset_calls[-1] == (10 + 1 * 3, [0])
+    # Partial resets are not re-seeded (BatchedEnv.reset's seeding rule): only the full reset got the seed.
+    assert base.reset_calls[-2][0] == 10 and base.reset_calls[-1] == (None, [0])
 
     obs, reward, term, trunc, info = env.step(torch.zeros(3, 4, 1))
     assert reward.tolist() == [3, 5, 5 + 6 + 7 + 8]
@@ -89,7 +89,7 @@ def test_rewards_sum_up_to_done_and_finished_envs_reset():
     assert info["episode_length"][:2].tolist() == [2, 5]
     assert info["episode_return"][:2].tolist() == [3, 15]
     assert info["episode_return"][2] == 36  # running return of the unfinished episode
-    assert base.reset_calls[-1] == (10 + 2 * 3, [0, 1])
+    assert base.reset_calls[-1] == (None, [0, 1])
 
 
 def test_truncation_mid_chunk():

@@ -105,6 +105,30 @@ def test_workers_match_separate_single_envs(pool, single):
     assert torch.equal(after[0], before[0]) and torch.equal(after[1], batched[0][1])
 
 
+def test_chunk_messages_match_single_steps(pool):
+    acts = actions(4, seed=2)[None].expand(2, -1, -1)
+    pool.reset(seed=7)
+    chunked = pool.step_chunk(acts)
+    pool.reset(seed=7)
+    stepped = [pool.step(acts[:, t]) for t in range(4)]
+    for (obs_c, rew_c, *_), (obs_s, rew_s, *_) in zip(chunked, stepped, strict=True):
+        assert torch.equal(obs_c["state"], obs_s["state"]) and torch.equal(rew_c, rew_s)
+
+
+def test_unseeded_partial_resets_differ_between_workers_and_are_reproducible(pool):
+    """Partial resets pass no seed; each worker continues the stream its seeded reset started, so two workers
+    do not replay the same episodes (every spawned process starts with torch's same default seed)."""
+
+    def episodes():
+        pool.reset(seed=11)
+        return [pool.reset(env_ids=torch.tensor([0, 1]))["state"] for _ in range(2)]
+
+    first, again = episodes(), episodes()
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    for states in first:
+        assert not torch.equal(states[0], states[1])
+
+
 def test_killed_worker_raises_a_clear_error(pool):
     pool.reset(seed=0)
     os.kill(pool.worker_pids[1], signal.SIGKILL)

@@ -62,10 +62,42 @@ def test_ddpm_means_match_diffusers(monkeypatch):
     for i, t in enumerate(policy.timesteps.tolist()):
         out = sched.step(eps, t, x)
         index = torch.full((6,), i)
-        mean, std = policy._gaussian(x, eps, index, min_std=0.0, deterministic=True)
+        mean, std = policy._gaussian(x, eps, index, min_std=0.0, deterministic=False)
         torch.testing.assert_close(mean, out.prev_sample, rtol=1e-4, atol=1e-5)
         expected_std = sched._get_variance(t).sqrt() if t > 0 else torch.tensor(0.0)
         torch.testing.assert_close(std[0, 0], expected_std.float(), rtol=1e-4, atol=1e-6)
+        # deterministic_sampler posterior_mean: the same mean, no noise
+        det = make_policy("ddpm", deterministic_sampler="posterior_mean")
+        det_mean, det_std = det._gaussian(x, eps, index, min_std=0.0, deterministic=True)
+        torch.testing.assert_close(det_mean, out.prev_sample, rtol=1e-4, atol=1e-5)
+        assert float(det_std.abs().max()) == 0.0
+
+
+def test_deterministic_ddpm_is_ddim_eta0_over_all_timesteps():
+    """A DDPM policy's default deterministic sampler is DDIM with η = 0 over its T timesteps (diffusers'
+    DDIMScheduler with T trailing steps), and predict_chunk(deterministic=True) is a function of the obs."""
+    policy = make_policy("ddpm")
+    sched = DDIMScheduler(num_train_timesteps=T, beta_schedule="squaredcos_cap_v2", clip_sample=True,
+                          timestep_spacing="trailing")
+    sched.set_timesteps(T)
+    assert sched.timesteps.tolist() == policy.timesteps.tolist()
+    x, eps = 2 * torch.randn(6, H * ACT_DIM, generator=gen(1)), torch.randn(6, H * ACT_DIM, generator=gen(2))
+    for i, t in enumerate(sched.timesteps.tolist()):
+        out = sched.step(eps, t, x, eta=0.0, use_clipped_model_output=True)
+        mean, std = policy._gaussian(x, eps, torch.full((6,), i), min_std=0.0, deterministic=True)
+        torch.testing.assert_close(mean, out.prev_sample, rtol=1e-4, atol=1e-5)
+        assert float(std.abs().max()) == 0.0
+    obs = make_obs()
+    first = policy.predict_chunk(obs, deterministic=True)
+    torch.manual_seed(123)  # no draw from the global RNG either
+    torch.testing.assert_close(policy.predict_chunk(obs, deterministic=True), first, rtol=0, atol=0)
+    # one row alone gets the same action as in the batch
+    torch.testing.assert_close(policy.predict_chunk({k: v[2:3] for k, v in obs.items()}, deterministic=True),
+                               first[2:3], rtol=1e-5, atol=1e-6)
+    # the older mode still samples DDPM's posterior noise
+    noisy = make_policy("ddpm", deterministic_sampler="model_std")
+    noisy.load_state_dict(policy.state_dict())
+    assert not torch.allclose(noisy.predict_chunk(obs, deterministic=True), noisy.predict_chunk(obs, deterministic=True))
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

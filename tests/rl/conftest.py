@@ -50,12 +50,14 @@ def weak_gaussian_bc(tmp_path_factory, toy_pretrain) -> Path:
 
 @pytest.fixture(scope="session")
 def toy_success():
-    """`toy_success(run_dir)` → success rate of the checkpoint over 400 seeded nav2d episodes."""
+    """`toy_success(run_dir, deterministic=True)` → success rate of the checkpoint over 400 seeded nav2d
+    episodes; `deterministic=False` evaluates the policy's own stochastic sampler (what DPPO optimizes)."""
 
-    def run(run_dir: Path) -> float:
+    def run(run_dir: Path, deterministic: bool = True) -> float:
         policy, _ = load_policy(run_dir)
         env = ChunkedEnv(make_env(TOY_NAV2D), policy.config.obs_steps, policy.config.act_steps)
-        return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), env, 400, seed=777).success_rate
+        return evaluate(lambda o: policy.predict_chunk(o, deterministic=deterministic), env, 400,
+                        seed=777).success_rate
 
     return run
 

@@ -88,12 +88,14 @@ def test_pretrain_then_dppo_raises_success_on_toy(tmp_path, toy_pretrain, toy_su
 
     bc = toy_pretrain(tmp_path / "bc", "diffusion_mlp", 1000, "--policy.hidden_dims", "128,128,128",
                       "--train.lr", "3e-3", "--train.batch_size", "128")
-    before = toy_success(bc)
+    # DPPO improves the stochastic DDPM sampler; the deterministic DDIM-η=0 chain of the same weak BC already
+    # reaches the goal nearly always on this task (one clean mode per observation).
+    before = toy_success(bc, deterministic=False)
     ft = toy_finetune(bc, tmp_path / "dppo", "dppo",
                       PPOConfig(iterations=20, steps_per_iter=10, minibatch_size=100, update_epochs=10,
                                 actor_lr=3e-4, clip_eps=0.05),
                       dppo=DPPOConfig(clip_eps_base=0.01))
-    after = toy_success(ft)
+    after = toy_success(ft, deterministic=False)
     assert before > 0.08, f"BC should beat a policy that never reaches the goal, got {before:.2f}"
     assert after > before + 0.12, f"DPPO should improve on BC: {before:.2f} -> {after:.2f}"
 
