@@ -584,7 +584,7 @@ class DiffusionPolicy(Policy):
         x = noise.reshape(noise.shape[0], -1)
         for i in range(self.num_denoising_steps):
             index = torch.full((x.shape[0],), i, dtype=torch.long, device=x.device)
-            x, _ = self._gaussian(x, self._predict_eps(cond, x, index), index, 0.0, deterministic=True)
+            x, _ = self._gaussian(x, self._predict_eps(cond, x, index, self._net_for([i])), index, 0.0, deterministic=True)
         return self._to_actions(x)
 
     @torch.no_grad()

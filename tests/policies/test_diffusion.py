@@ -333,3 +333,20 @@ def test_config_validation_and_preset():
         DiffusionPolicyConfig(sampler="euler")
     cfg = from_dict(DiffusionPolicyConfig, load_yaml(REPO_ROOT / "policies" / "diffusion_mlp.yaml"))
     assert cfg.type == "diffusion_mlp" and cfg.num_denoising_steps == 20
+
+
+@pytest.mark.parametrize("finetuning", [False, True])
+def test_decode_noise_is_the_deterministic_ddim_chain_from_that_noise(finetuning):
+    """DSRL's decoder: the same noise gives the same chunk, and x_K = 0 gives the deterministic evaluation
+    sampler's chunk (DDIM η = 0 from zero noise), also when fine-tuning split the chain over two networks."""
+    policy = make_policy("ddim", ddim_steps=4)
+    if finetuning:
+        policy.enable_finetuning(2)
+    obs = {"state": torch.randn(5, T_O, OBS_DIM)}
+    noise = torch.randn(5, H, ACT_DIM)
+    with torch.no_grad():
+        first, second = policy.decode_noise(obs, noise), policy.decode_noise(obs, noise)
+        assert torch.equal(first, second)
+        assert not torch.allclose(first, policy.decode_noise(obs, torch.zeros_like(noise)))
+        assert torch.allclose(policy.decode_noise(obs, torch.zeros_like(noise)),
+                              policy.predict_chunk(obs, deterministic=True), atol=1e-5)
