@@ -743,9 +743,30 @@ def set_cpu_threads() -> None:
     torch.set_num_threads(max(1, int(os.environ.get("ROBOTFT_NUM_THREADS", "1"))))
 
 
+def split_dotted_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`(named, dotted)`: the dotted overrides (`--env.num_envs 4`, `--rl.clip_eps=0.02`) taken out of `argv`
+    before argparse sees it, so that an override's value is never read as an optional positional argument
+    (`data generate [RECIPE] ... --env.sim_backend physx_cpu`)."""
+    named: list[str] = []
+    dotted: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token.startswith("--") and "." in token.split("=", 1)[0]:
+            takes_value = "=" not in token and i + 1 < len(argv)
+            dotted += argv[i : i + 2] if takes_value else [token]
+            i += 2 if takes_value else 1
+        else:
+            named.append(token)
+            i += 1
+    return named, dotted
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    named, dotted = split_dotted_overrides(sys.argv[1:] if argv is None else list(argv))
+    args, extra = parser.parse_known_args(named)
+    extra = [*extra, *dotted]
     set_cpu_threads()
     try:
         return args.func(args, extra)

@@ -500,3 +500,18 @@ def test_generate_refuses_existing_store(cli, tmp_path, toy_demos):
     assert str(store) in proc.stderr, proc.stderr
     assert tree_digest(store) == before, "the existing store was modified"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing.zarr"], list(tmp_path.iterdir())
+
+
+def test_a_dotted_override_value_is_not_taken_for_the_recipe_argument(tmp_path):
+    """`data generate [RECIPE]`: the value of a trailing `--env.X VALUE` must reach the env config."""
+    from robotft.cli import main, split_dotted_overrides
+    from robotft.datasets.store import ReplayBuffer
+
+    assert split_dotted_overrides(["data", "generate", "--env", "toy/nav2d", "--env.max_episode_steps", "20",
+                                   "--rl.clip_eps=0.1", "--video", "a.mp4"]) == (
+        ["data", "generate", "--env", "toy/nav2d", "--video", "a.mp4"],
+        ["--env.max_episode_steps", "20", "--rl.clip_eps=0.1"])
+    out = tmp_path / "demos.zarr"
+    assert main(["data", "generate", "--env", "toy/nav2d", "--episodes", "2", "--out", str(out),
+                 "--env.max_episode_steps", "20"]) == 0
+    assert ReplayBuffer.open(out).episode_lengths.max() <= 20

@@ -204,8 +204,9 @@ def test_bad_lerobot_checkpoint_names_the_file(lerobot_diffusion_dir, tmp_path, 
 
 
 def test_a_policy_that_does_not_fit_the_env_is_refused(lerobot_diffusion_dir, tmp_path):
-    with pytest.raises(KeyError, match="observation.environment_state"):
-        import_lerobot_policy(lerobot_diffusion_dir, tmp_path / "a", NAV2D)  # no key for the env state
+    # The env state's default robotft key (env_state) is not in the env: refused, naming the LeRobot feature.
+    with pytest.raises(ValueError, match="'observation.environment_state' reads 'env_state', which the env does not"):
+        import_lerobot_policy(lerobot_diffusion_dir, tmp_path / "a", NAV2D)
     spec = EnvSpec(
         observations={"state": FeatureSpec("state", (6,), "float32")},
         action=ActionSpec("velocity_2d", 2, (-1.0, -1.0), (1.0, 1.0)),
