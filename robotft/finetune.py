@@ -151,8 +151,45 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
         return _finetune(cfg, policy_overrides, resume, ctx)
 
 
-def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resume: bool, ctx: DistContext) -> Path:
+@dataclasses.dataclass
+class RunStart:
+    """What a fine-tuning run starts from: its source checkpoint (the run's newest when resuming) and the policy
+    built from it."""
+
+    cfg: FinetuneConfig
+    """The run config with `env` resolved (the checkpoint's env unless one was given)."""
+    source: ckpt_io.Checkpoint
+    origin: str
+    """The pretrained checkpoint the run started from, also after any number of resumes."""
+    resuming: bool
+    previous: Path | None
+    """The run's checkpoint being resumed."""
+    policy: Policy
+
+
+def load_start(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resume: bool,
+               device: torch.device | str) -> RunStart:
+    """Read the source (or, with `resume`, the run's newest checkpoint) and build its policy on `device`;
+    `policy_overrides` apply to a fresh run only (a resumed policy keeps what it was trained with)."""
     from robotft.config import apply_overrides
+
+    out = Path(cfg.out)
+    previous = ckpt_io.resume_checkpoint(out) if resume else None
+    resuming = previous is not None
+    if resume and not resuming:
+        print(f"--resume: no checkpoint in {out} yet, starting from {cfg.source}", file=sys.stderr)
+    source = ckpt_io.read_checkpoint(previous if resuming else cfg.source)
+    origin = source.meta.get("source", str(source.path)) if resuming else str(source.path)
+    cfg = dataclasses.replace(cfg, env=cfg.env or from_dict(EnvConfig, source.config["env"]))
+    policy_cfg = from_dict(policy_config_class(source.config["policy"]["type"]), source.config["policy"])
+    if policy_overrides and not resuming:
+        policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.")
+    policy = build_policy(policy_cfg, source.spec, source.normalizer)
+    ckpt_io.load_weights(policy, source)
+    return RunStart(cfg, source, origin, resuming, previous, policy.to(device))
+
+
+def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resume: bool, ctx: DistContext) -> Path:
     from robotft.envs.factory import make_env
 
     device = ctx.device(resolve_device(cfg.device))
@@ -160,21 +197,9 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     out = Path(cfg.out)
-    previous = ckpt_io.resume_checkpoint(out) if resume else None
-    resuming = previous is not None
-    if resume and not resuming:
-        print(f"--resume: no checkpoint in {out} yet, starting from {cfg.source}", file=sys.stderr)
-    source = ckpt_io.read_checkpoint(previous if resuming else cfg.source)
-    # The pretrained checkpoint this run started from, also after any number of resumes.
-    origin = source.meta.get("source", str(source.path)) if resuming else str(source.path)
-    env_cfg = cfg.env or from_dict(EnvConfig, source.config["env"])
-    cfg = dataclasses.replace(cfg, env=env_cfg)
-    policy_cfg = from_dict(policy_config_class(source.config["policy"]["type"]), source.config["policy"])
-    if policy_overrides and not resuming:
-        policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.")
-    policy = build_policy(policy_cfg, source.spec, source.normalizer)
-    ckpt_io.load_weights(policy, source)
-    policy.to(device)
+    start = load_start(cfg, policy_overrides, resume, device)
+    cfg, source, origin, resuming, policy = start.cfg, start.source, start.origin, start.resuming, start.policy
+    env_cfg, previous = cfg.env, start.previous
     algo = make_algorithm(cfg.algo, policy, cfg)
 
     # With Ray the training envs live on the workers; the learner only holds evaluation envs (rank 0).

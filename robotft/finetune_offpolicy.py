@@ -22,10 +22,10 @@ import torch
 from tqdm import tqdm
 
 from robotft import checkpoint as ckpt_io
-from robotft.config import EnvConfig, from_dict, resolve_device, to_dict
+from robotft.config import resolve_device, to_dict
 from robotft.envs.chunked import ChunkedEnv
 from robotft.evaluation import EVAL_SEED, EvalResult, evaluate
-from robotft.policies.base import Policy, build_policy, policy_config_class
+from robotft.policies.base import Policy
 from robotft.rl.kl_monitor import KLToBase
 from robotft.rl.offpolicy import OffPolicy, OffPolicyAlgorithm
 from robotft.rl.q_ensemble import QEnsemble
@@ -54,9 +54,8 @@ def make_q_ensemble(policy: Policy, spec: EnvSpec, algo: OffPolicyAlgorithm, cfg
 def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = None,
                            resume: bool = False) -> Path:
     """Fine-tune with an off-policy algorithm and checkpoint. Returns the run directory."""
-    from robotft.config import apply_overrides
     from robotft.envs.factory import make_env
-    from robotft.finetune import _log_eval, make_algorithm, write_learning_curve
+    from robotft.finetune import _log_eval, load_start, make_algorithm, write_learning_curve
 
     if cfg.rollout.backend != "inprocess":
         raise ValueError(f"--algo {cfg.algo} collects in this process; rollout.backend {cfg.rollout.backend!r} "
@@ -65,20 +64,9 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     out = Path(cfg.out)
-    previous = ckpt_io.resume_checkpoint(out) if resume else None
-    resuming = previous is not None
-    if resume and not resuming:
-        print(f"--resume: no checkpoint in {out} yet, starting from {cfg.source}", file=sys.stderr)
-    source = ckpt_io.read_checkpoint(previous if resuming else cfg.source)
-    origin = source.meta.get("source", str(source.path)) if resuming else str(source.path)
-    env_cfg = cfg.env or from_dict(EnvConfig, source.config["env"])
-    cfg = dataclasses.replace(cfg, env=env_cfg)
-    policy_cfg = from_dict(policy_config_class(source.config["policy"]["type"]), source.config["policy"])
-    if policy_overrides and not resuming:
-        policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.")
-    policy = build_policy(policy_cfg, source.spec, source.normalizer)
-    policy.load_state_dict(source.model_state)
-    policy.to(device)
+    start = load_start(cfg, policy_overrides, resume, device)
+    cfg, source, origin, resuming, policy = start.cfg, start.source, start.origin, start.resuming, start.policy
+    env_cfg, previous = cfg.env, start.previous
     algo = make_algorithm(cfg.algo, policy, cfg)
     policy = algo.policy.to(device)  # DSRL and residual SAC wrap a plain base policy
     o = policy.config
