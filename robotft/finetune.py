@@ -244,10 +244,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
         (out / "config.json").write_text(json.dumps({"run": run_config, "policy": to_dict(policy.config)}, indent=2))
 
     def run_eval() -> EvalResult:
-        policy.eval()
-        with progress_bar(total=cfg.eval_episodes, desc="evaluate", unit="episode", leave=False) as bar:
-            result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked_eval,
-                              cfg.eval_episodes, seed=EVAL_SEED, progress=capped_update(bar))
+        result = evaluate_policy(policy, chunked_eval, cfg.eval_episodes)
         if eval_env is env:
             ppo.restart_episodes()  # evaluation left the shared envs mid-episode
         return result
@@ -267,12 +264,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
         ckpt_io.save_run_checkpoint(out, ppo.iteration, **checkpoint_contents(metrics))
 
     def evaluate_and_keep_best(when: str) -> dict[str, Any]:
-        """Evaluate, log, and write `out/best` when the success rate is the best of the run so far."""
-        result = run_eval()
-        metrics = _log_eval(log, ppo, result, when, wall_seconds())
-        if ckpt_io.save_best_checkpoint(out, result.success_rate, **checkpoint_contents(metrics)) is not None:
-            tqdm.write(f"best so far: {out / ckpt_io.BEST_DIR} (success {result.success_rate:.2f})", file=sys.stderr)
-        return metrics
+        return log_eval_and_keep_best(log, ppo.env_steps, run_eval(), when, wall_seconds(), out, checkpoint_contents)
 
     metrics: dict[str, Any] = {}
     try:
@@ -293,18 +285,8 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                     tqdm.write(f"iteration {ppo.iteration}: no success and a constant reward in the rollout, so no "
                                "learning signal: the actor was not updated (rl.skip_no_signal); consider a dense "
                                "reward or a stronger starting policy", file=sys.stderr)
-                scalars = {f"train/{k}": v for k, v in update.items()}
-                scalars.update({
-                    "train/kl_to_base": kl_to_base,
-                    "train/env_steps_per_s": stats.env_steps / max(stats.seconds, 1e-9),
-                    "train/update_seconds": update_s,
-                    "train/env_steps": ppo.env_steps,
-                    "train/wall_seconds": wall_seconds(),
-                })
-                if stats.episodes:
-                    scalars["train/success_rate"] = stats.successes / stats.episodes
-                    scalars["train/episode_return"] = float(np.mean(stats.episode_returns))
-                log.log(ppo.env_steps, scalars)
+                log.log(ppo.env_steps, iteration_scalars(update, stats, kl_to_base, update_s, ppo.env_steps,
+                                                         wall_seconds()))
                 last = ppo.iteration == cfg.rl.iterations
                 if ctx.is_main and cfg.eval_episodes > 0 and (last or ppo.iteration % cfg.eval_every == 0):
                     metrics = evaluate_and_keep_best(f"iteration {ppo.iteration}")
@@ -327,8 +309,44 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     return out
 
 
-def _log_eval(log: RunLogger, ppo: PPO, result: EvalResult, when: str, wall_seconds: float) -> dict[str, Any]:
-    log.log(ppo.env_steps, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return,
+def evaluate_policy(policy: Policy, env: ChunkedEnv, episodes: int) -> EvalResult:
+    """`episodes` episodes of `policy` with noise off on the shared evaluation start states, with progress."""
+    policy.eval()
+    with progress_bar(total=episodes, desc="evaluate", unit="episode", leave=False) as bar:
+        return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), env, episodes, seed=EVAL_SEED,
+                        progress=capped_update(bar))
+
+
+def iteration_scalars(update: dict[str, float], stats: Any, kl_to_base: float, update_seconds: float,
+                      env_steps: int, wall_seconds: float) -> dict[str, float]:
+    """The `train/` scalars of one iteration of either core: its update's metrics and its rollout's `stats`
+    (`env_steps`, `seconds`, `episodes`, `successes`, `episode_returns`)."""
+    scalars = {f"train/{k}": v for k, v in update.items()}
+    scalars.update({
+        "train/kl_to_base": kl_to_base,
+        "train/env_steps_per_s": stats.env_steps / max(stats.seconds, 1e-9),
+        "train/update_seconds": update_seconds,
+        "train/env_steps": env_steps,
+        "train/wall_seconds": wall_seconds,
+    })
+    if stats.episodes:
+        scalars["train/success_rate"] = stats.successes / stats.episodes
+        scalars["train/episode_return"] = float(np.mean(stats.episode_returns))
+    return scalars
+
+
+def log_eval_and_keep_best(log: RunLogger, env_steps: int, result: EvalResult, when: str, wall_seconds: float,
+                           out: Path, contents: Any) -> dict[str, Any]:
+    """Log an evaluation and write `out/best` (from `contents(metrics)`, the checkpoint's save arguments) when its
+    success rate is the best of the run so far. Returns the metrics stored in checkpoints."""
+    metrics = _log_eval(log, env_steps, result, when, wall_seconds)
+    if ckpt_io.save_best_checkpoint(out, result.success_rate, **contents(metrics)) is not None:
+        tqdm.write(f"best so far: {out / ckpt_io.BEST_DIR} (success {result.success_rate:.2f})", file=sys.stderr)
+    return metrics
+
+
+def _log_eval(log: RunLogger, env_steps: int, result: EvalResult, when: str, wall_seconds: float) -> dict[str, Any]:
+    log.log(env_steps, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return,
                             "eval/ci95_low": result.ci95[0], "eval/ci95_high": result.ci95[1],
                             "eval/wall_seconds": wall_seconds})
     tqdm.write(f"{when}: success {result.success_rate:.2f} (95% CI {result.ci95[0]:.2f}-{result.ci95[1]:.2f}, "

@@ -19,18 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from robotft import checkpoint as ckpt_io
 from robotft.config import resolve_device, to_dict
 from robotft.envs.chunked import ChunkedEnv
-from robotft.evaluation import EVAL_SEED, EvalResult, evaluate
+from robotft.evaluation import EvalResult
 from robotft.policies.base import Policy
 from robotft.rl.kl_monitor import KLToBase
 from robotft.rl.offpolicy import OffPolicy, OffPolicyAlgorithm
 from robotft.rl.q_ensemble import QEnsemble
 from robotft.rl.replay import store_transitions
-from robotft.runlog import RunLogger, capped_update, progress_bar
+from robotft.runlog import RunLogger, progress_bar
 from robotft.specs import check_policy_fits_env
 
 if TYPE_CHECKING:
@@ -55,7 +54,14 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
                            resume: bool = False) -> Path:
     """Fine-tune with an off-policy algorithm and checkpoint. Returns the run directory."""
     from robotft.envs.factory import make_env
-    from robotft.finetune import _log_eval, load_start, make_algorithm, write_learning_curve
+    from robotft.finetune import (
+        evaluate_policy,
+        iteration_scalars,
+        load_start,
+        log_eval_and_keep_best,
+        make_algorithm,
+        write_learning_curve,
+    )
 
     if cfg.rollout.backend != "inprocess":
         raise ValueError(f"--algo {cfg.algo} collects in this process; rollout.backend {cfg.rollout.backend!r} "
@@ -107,10 +113,7 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
     (out / "config.json").write_text(json.dumps({"run": run_config, "policy": to_dict(o)}, indent=2))
 
     def run_eval() -> EvalResult:
-        policy.eval()
-        with progress_bar(total=cfg.eval_episodes, desc="evaluate", unit="episode", leave=False) as bar:
-            result = evaluate(lambda ob: policy.predict_chunk(ob, deterministic=True), chunked_eval,
-                              cfg.eval_episodes, seed=EVAL_SEED, progress=capped_update(bar))
+        result = evaluate_policy(policy, chunked_eval, cfg.eval_episodes)
         if eval_env is env:
             learner.restart_episodes()  # evaluation left the shared envs mid-episode
         return result
@@ -131,12 +134,8 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
         ckpt_io.save_run_checkpoint(out, learner.iteration, **checkpoint_contents(metrics))
 
     def evaluate_and_keep_best(when: str) -> dict[str, Any]:
-        """Evaluate, log, and write `out/best` when the success rate is the best of the run so far."""
-        result = run_eval()
-        metrics = _log_eval(log, learner, result, when, wall_seconds())
-        if ckpt_io.save_best_checkpoint(out, result.success_rate, **checkpoint_contents(metrics, False)) is not None:
-            tqdm.write(f"best so far: {out / ckpt_io.BEST_DIR} (success {result.success_rate:.2f})", file=sys.stderr)
-        return metrics
+        return log_eval_and_keep_best(log, learner.env_steps, run_eval(), when, wall_seconds(), out,
+                                      lambda metrics: checkpoint_contents(metrics, with_state=False))
 
     metrics: dict[str, Any] = {}
     try:
@@ -154,18 +153,8 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
                 t0 = time.perf_counter()
                 update = learner.update()
                 learner.iteration += 1
-                scalars = {f"train/{k}": v for k, v in update.items()}
-                scalars.update({
-                    "train/kl_to_base": kl,
-                    "train/env_steps_per_s": stats.env_steps / max(stats.seconds, 1e-9),
-                    "train/update_seconds": time.perf_counter() - t0,
-                    "train/env_steps": learner.env_steps,
-                    "train/wall_seconds": wall_seconds(),
-                })
-                if stats.episodes:
-                    scalars["train/success_rate"] = stats.successes / stats.episodes
-                    scalars["train/episode_return"] = float(np.mean(stats.episode_returns))
-                log.log(learner.env_steps, scalars)
+                log.log(learner.env_steps, iteration_scalars(update, stats, kl, time.perf_counter() - t0,
+                                                             learner.env_steps, wall_seconds()))
                 last = learner.iteration == cfg.rl.iterations
                 if cfg.eval_episodes > 0 and (last or learner.iteration % cfg.eval_every == 0):
                     metrics = evaluate_and_keep_best(f"iteration {learner.iteration}")

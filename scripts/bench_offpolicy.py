@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_pipeline import run_stage  # noqa: E402
+from bench_pipeline import add_budget_args, apply_budget, run_stage  # noqa: E402
 from bench_rl import _curve, _mean_curve, _once, _plot  # noqa: E402
 
 BUDGETS = {
@@ -59,18 +59,12 @@ TASKS = ("maniskill/pick_cube", "maniskill/stack_cube", "robosuite/pick_place_ca
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--budget", choices=list(BUDGETS), default="cpu")
+    add_budget_args(p, BUDGETS)
     p.add_argument("--out", default="runs/bench_offpolicy")
     p.add_argument("--envs", default=",".join(TASKS), help="comma-separated env presets")
     p.add_argument("--algos", default=",".join(ALGORITHMS), help="comma-separated subset of " + ",".join(ALGORITHMS))
     p.add_argument("--seeds", default="0,1,2")
-    for field, default in BUDGETS["cpu"].items():
-        p.add_argument("--" + field.replace("_", "-"), type=type(default), default=None,
-                       help=f"overrides the budget's {field} (cpu budget: {default})")
-    args = p.parse_args()
-    for field, value in BUDGETS[args.budget].items():
-        if getattr(args, field) is None:
-            setattr(args, field, value)
+    args = apply_budget(p.parse_args(), BUDGETS)
     unknown = set(args.algos.split(",")) - set(ALGORITHMS)
     if unknown or "dppo" not in args.algos.split(","):
         p.error(f"--algos must include dppo (the reference) and name only {list(ALGORITHMS)}")
@@ -136,7 +130,7 @@ def main() -> None:
             for seed, run in runs.items():
                 _finetune(args, env, algo, seed, source, run, stages)
             curves = {seed: _curve(run) for seed, run in runs.items()}
-            summary[algo] = {"curves": curves, "mean_curve": _mean_curve(list(curves.values()))}
+            summary[algo] = {"curves": curves, "mean_curve": _mean_curve(list(curves.values()), args.eval_episodes)}
         dppo_final = summary["dppo"]["mean_curve"][-1]
         target = 0.9 * dppo_final["success_mean"]
         for res in summary.values():

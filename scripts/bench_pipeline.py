@@ -52,6 +52,22 @@ def _tree_pss_mb(pid: int) -> float:
     return total_kb / 1024
 
 
+def add_budget_args(p: argparse.ArgumentParser, budgets: dict[str, dict]) -> None:
+    """`--budget NAME` and one `--field` flag per field of the `cpu` budget, overriding the chosen budget's."""
+    p.add_argument("--budget", choices=list(budgets), default="cpu")
+    for field, default in budgets["cpu"].items():
+        p.add_argument("--" + field.replace("_", "-"), type=type(default), default=None,
+                       help=f"overrides the budget's {field} (cpu budget: {default})")
+
+
+def apply_budget(args: argparse.Namespace, budgets: dict[str, dict]) -> argparse.Namespace:
+    """Fill every budget field the command line left unset from the chosen `--budget`."""
+    for field, value in budgets[args.budget].items():
+        if getattr(args, field) is None:
+            setattr(args, field, value)
+    return args
+
+
 def run_stage(name: str, argv: list[str], stages: dict) -> str:
     """Run one CLI stage; record wall seconds and the peak memory (PSS of its process tree, sampled)."""
     t0 = time.perf_counter()

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_pipeline import run_stage  # noqa: E402
+from bench_pipeline import add_budget_args, apply_budget, run_stage  # noqa: E402
 
 from robotft.runlog import read_metrics  # noqa: E402
 
@@ -58,7 +58,7 @@ METHODS = {
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--budget", choices=list(BUDGETS), default="cpu")
+    add_budget_args(p, BUDGETS)
     p.add_argument("--out", default="runs/bench_rl")
     p.add_argument("--env", default="maniskill/pick_cube")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
@@ -66,13 +66,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--baseline-reward", default="normalized_dense",
                    help="reward mode of Gaussian PPO from scratch (ManiSkill's PPO baseline uses normalized_dense; "
                         "the fine-tuning methods keep the task preset's reward)")
-    for field, default in BUDGETS["cpu"].items():
-        p.add_argument("--" + field.replace("_", "-"), type=type(default), default=None,
-                       help=f"overrides the budget's {field} (cpu budget: {default})")
-    args = p.parse_args()
-    for field, value in BUDGETS[args.budget].items():
-        if getattr(args, field) is None:
-            setattr(args, field, value)
+    args = apply_budget(p.parse_args(), BUDGETS)
     unknown = set(args.methods.split(",")) - set(METHODS)
     if unknown:
         p.error(f"unknown --methods {sorted(unknown)}; available: {list(METHODS)}")

@@ -36,16 +36,7 @@ class ValueCritic(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def features(self, obs: Obs) -> torch.Tensor:
-        parts = []
-        for key in self.obs_keys:
-            if key not in obs:
-                raise KeyError(f"critic needs observation key {key!r}; got {sorted(obs)}")
-            x = obs[key]
-            x = self.normalizer.normalize(key, x) if key in self.normalizer.mode else x.float()
-            # RL visits states outside the demonstrations' range, where min-max statistics of a nearly
-            # constant feature blow up; bounded inputs keep the critic's regression from exploding.
-            parts.append(x.reshape(x.shape[0], -1).clamp(-self.input_clip, self.input_clip))
-        return torch.cat(parts, dim=-1)
+        return critic_features(obs, self.obs_keys, self.normalizer, self.input_clip)
 
     def forward(self, obs: Obs, extra: torch.Tensor | None = None) -> torch.Tensor:
         """`[B]` values."""
@@ -53,3 +44,18 @@ class ValueCritic(nn.Module):
         if extra is not None:
             x = torch.cat([x, extra.reshape(x.shape[0], -1)], dim=-1)
         return self.net(x).squeeze(-1)
+
+
+def critic_features(obs: Obs, obs_keys: list[str], normalizer: Normalizer, input_clip: float) -> torch.Tensor:
+    """`[N, obs_dim]` the flattened observation history of `obs_keys`, normalized and clipped to ±input_clip:
+    RL visits states outside the demonstrations' range, where min-max statistics of a nearly constant feature
+    blow up; bounded inputs keep a critic's regression from exploding. Shared by the value critic and the Q
+    ensemble."""
+    parts = []
+    for key in obs_keys:
+        if key not in obs:
+            raise KeyError(f"critic needs observation key {key!r}; got {sorted(obs)}")
+        x = obs[key]
+        x = normalizer.normalize(key, x) if key in normalizer.mode else x.float()
+        parts.append(x.reshape(x.shape[0], -1).clamp(-input_clip, input_clip))
+    return torch.cat(parts, dim=-1)

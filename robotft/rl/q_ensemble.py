@@ -15,6 +15,7 @@ from torch import nn
 
 from robotft.datasets.normalizer import Normalizer
 from robotft.envs.base import Obs
+from robotft.rl.critic import critic_features
 
 
 class EnsembleLinear(nn.Module):
@@ -51,16 +52,8 @@ class QEnsemble(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def features(self, obs: Obs) -> torch.Tensor:
-        """`[N, obs_dim]` the flattened observation history, normalized and clipped to ±input_clip (RL visits
-        states outside the demonstrations' range, where min-max statistics of a near-constant feature blow up)."""
-        parts = []
-        for key in self.obs_keys:
-            if key not in obs:
-                raise KeyError(f"critic needs observation key {key!r}; got {sorted(obs)}")
-            x = obs[key]
-            x = self.normalizer.normalize(key, x) if key in self.normalizer.mode else x.float()
-            parts.append(x.reshape(x.shape[0], -1).clamp(-self.input_clip, self.input_clip))
-        return torch.cat(parts, dim=-1)
+        """`[N, obs_dim]` normalized, clipped observation features (robotft.rl.critic.critic_features)."""
+        return critic_features(obs, self.obs_keys, self.normalizer, self.input_clip)
 
     def forward(self, obs: Obs, action: torch.Tensor) -> torch.Tensor:
         """`[E, N]` Q-values of every member for actions `[N, action_dim]`."""
