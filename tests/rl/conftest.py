@@ -78,3 +78,27 @@ def toy_finetune():
         return out
 
     return run
+
+
+TINY_SOURCES = {
+    "diffusion": ("diffusion_mlp", ["--policy.hidden_dims", "32,32", "--policy.num_train_timesteps", "10"]),
+    "ddim": ("diffusion_mlp", ["--policy.hidden_dims", "32,32", "--policy.num_train_timesteps", "10",
+                               "--policy.sampler", "ddim", "--policy.ddim_steps", "4"]),
+    "flow": ("flow_transformer", ["--policy.width", "32", "--policy.num_layers", "1", "--policy.num_steps", "3",
+                                  "--policy.state_hidden_dims", "32"]),
+    "gaussian": ("gaussian_mlp", ["--policy.hidden_dims", "32,32"]),
+}
+"""Policy family → (preset, flags) of the tiny BC sources the fine-tuning mechanics tests start from."""
+
+
+@pytest.fixture(scope="session")
+def tiny_sources(tmp_path_factory, toy_pretrain) -> dict[str, Path]:
+    """Tiny BC checkpoints (20 steps) of every family in TINY_SOURCES, and a zero residual over the Gaussian
+    one (`residual`): only the mechanics of fine-tuning are checked on them, not learning."""
+    root = tmp_path_factory.mktemp("tiny_sources")
+    out = {name: toy_pretrain(root / name, preset, 20, *args) for name, (preset, args) in TINY_SOURCES.items()}
+    preset = root / "residual.yaml"
+    preset.write_text(f"type: residual\nbase_checkpoint: {out['gaussian']}\nobs_steps: 1\nhorizon_steps: 8\n"
+                      "act_steps: 4\nhidden_dims: [32, 32]\n")
+    out["residual"] = toy_pretrain(root / "residual", preset, 1, "--train.lr", "0")
+    return out

@@ -12,27 +12,7 @@ from robotft.finetune import ALGORITHMS, FinetuneConfig
 from robotft.rl.ppo import PPOConfig
 from robotft.runlog import read_metrics
 
-# Tiny BC sources per policy family (a few steps: only the update's health is checked here).
-SOURCES = {
-    "diffusion": ("diffusion_mlp", ["--policy.hidden_dims", "32,32", "--policy.num_train_timesteps", "10"]),
-    "ddim": ("diffusion_mlp", ["--policy.hidden_dims", "32,32", "--policy.num_train_timesteps", "10",
-                               "--policy.sampler", "ddim", "--policy.ddim_steps", "4"]),
-    "flow": ("flow_transformer", ["--policy.width", "32", "--policy.num_layers", "1", "--policy.num_steps", "4",
-                                  "--policy.state_hidden_dims", "32"]),
-    "gaussian": ("gaussian_mlp", ["--policy.hidden_dims", "32,32"]),
-}
 ALGOS = {"dppo": "diffusion", "reinflow": "flow", "flow_sde": "flow", "ppo": "gaussian", "residual_ppo": "residual"}
-
-
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory, toy_pretrain):
-    root = tmp_path_factory.mktemp("default_sources")
-    out = {name: toy_pretrain(root / name, preset, 30, *args) for name, (preset, args) in SOURCES.items()}
-    preset = root / "residual.yaml"
-    preset.write_text(f"type: residual\nbase_checkpoint: {out['gaussian']}\nobs_steps: 1\nhorizon_steps: 8\n"
-                      "act_steps: 4\nhidden_dims: [32, 32]\n")
-    out["residual"] = toy_pretrain(root / "residual", preset, 1, "--train.lr", "0")
-    return out
 
 
 def _finetune(source, out, algo: str, *flags: str) -> list[dict]:
@@ -45,8 +25,8 @@ def _finetune(source, out, algo: str, *flags: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("algo", list(ALGOS))
-def test_first_actor_update_is_healthy_with_defaults(tmp_path, sources, algo):
-    rows = _finetune(sources[ALGOS[algo]], tmp_path / algo, algo)
+def test_first_actor_update_is_healthy_with_defaults(tmp_path, tiny_sources, algo):
+    rows = _finetune(tiny_sources[ALGOS[algo]], tmp_path / algo, algo)
     first = rows[-1]
     assert first["train/actor_trained"] == 1.0
     assert first["train/clip_fraction"] < 0.3, f"{algo}: {first['train/clip_fraction']:.2f} of samples clipped"
@@ -58,8 +38,8 @@ def test_first_actor_update_is_healthy_with_defaults(tmp_path, sources, algo):
         assert saved[field] == value, f"{algo}: rl.{field} saved as {saved[field]!r}, its default is {value!r}"
 
 
-def test_a_user_flag_wins_over_the_algorithm_default(tmp_path, sources):
-    _finetune(sources["gaussian"], tmp_path / "ppo", "ppo", "--rl.clip_eps", "0.05")
+def test_a_user_flag_wins_over_the_algorithm_default(tmp_path, tiny_sources):
+    _finetune(tiny_sources["gaussian"], tmp_path / "ppo", "ppo", "--rl.clip_eps", "0.05")
     saved = json.loads((tmp_path / "ppo" / "config.json").read_text())["run"]["rl"]
     assert saved["clip_eps"] == 0.05 and saved["logprob_reduction"] == "sum"
 
@@ -71,8 +51,8 @@ def test_algorithms_declare_different_defaults():
     assert ppo.clip_eps == 0.2 and ppo.logprob_reduction == "sum"
 
 
-def test_dppo_runs_from_a_ddim_policy_with_default_flags(tmp_path, sources):
+def test_dppo_runs_from_a_ddim_policy_with_default_flags(tmp_path, tiny_sources):
     """dppo.ft_denoising_steps (DPPO's 10) is capped at the sampler's own number of steps (here DDIM's 4)."""
-    _finetune(sources["ddim"], tmp_path / "dppo_ddim", "dppo")
+    _finetune(tiny_sources["ddim"], tmp_path / "dppo_ddim", "dppo")
     saved = json.loads((tmp_path / "dppo_ddim" / "checkpoint" / "config.json").read_text())["policy"]
     assert saved["ft_denoising_steps"] == 4

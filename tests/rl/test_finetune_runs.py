@@ -2,6 +2,7 @@
 continues the counters and the algorithm's own state, and a checkpoint that `robotft eval` loads."""
 
 import json
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -16,28 +17,10 @@ from robotft.runlog import read_metrics
 TOY_NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=20, max_episode_steps=40, control_mode="velocity_2d",
                       reward_mode="dense", control_hz=10.0)
 
-# Sources, each made by a few BC steps: the policy family each algorithm fine-tunes.
-SOURCES = {
-    "diffusion": ("diffusion_mlp", ["--policy.hidden_dims", "32,32", "--policy.num_train_timesteps", "10"]),
-    "flow": ("flow_transformer", ["--policy.width", "32", "--policy.num_layers", "1", "--policy.num_steps", "3",
-                                  "--policy.state_hidden_dims", "32"]),
-    "gaussian": ("gaussian_mlp", ["--policy.hidden_dims", "32,32"]),
-}
 ALGOS = {"dppo": "diffusion", "reinflow": "flow", "flow_sde": "flow", "ppo": "gaussian", "residual_ppo": "residual"}
 SCALARS = ["train/success_rate", "train/episode_return", "train/approx_kl", "train/clip_fraction",
            "train/explained_variance", "train/noise_std", "train/env_steps_per_s", "train/wall_seconds",
            "eval/success_rate", "eval/wall_seconds"]
-
-
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory, toy_pretrain):
-    root = tmp_path_factory.mktemp("sources")
-    out = {name: toy_pretrain(root / name, preset, 20, *args) for name, (preset, args) in SOURCES.items()}
-    preset = root / "residual.yaml"
-    preset.write_text(f"type: residual\nbase_checkpoint: {out['gaussian']}\nobs_steps: 1\nhorizon_steps: 8\n"
-                      "act_steps: 4\nhidden_dims: [32, 32]\n")
-    out["residual"] = toy_pretrain(root / "residual", preset, 1, "--train.lr", "0")
-    return out
 
 
 def _config(source, out, algo: str, iterations: int) -> FinetuneConfig:
@@ -50,13 +33,16 @@ def _config(source, out, algo: str, iterations: int) -> FinetuneConfig:
 
 
 @pytest.mark.parametrize("algo", list(ALGOS))
-def test_algorithm_logs_scalars_resumes_and_evaluates(tmp_path, sources, algo, capsys):
+def test_algorithm_logs_scalars_resumes_and_evaluates(tmp_path, tiny_sources, algo, capsys):
     out = tmp_path / algo
-    run_finetune(_config(sources[ALGOS[algo]], out, algo, iterations=2))
+    run_finetune(_config(tiny_sources[ALGOS[algo]], out, algo, iterations=2))
     first = ckpt_io.read_checkpoint(out)
     assert first.meta["step"] == 2
 
-    run_finetune(_config(sources[ALGOS[algo]], out, algo, iterations=3), resume=True)
+    # TensorBoard orders event files by name: creation second, then a per-process writer counter compared as
+    # text ("10" < "9"), so a resume within the same second as the first run could be read back first.
+    time.sleep(1.1)
+    run_finetune(_config(tiny_sources[ALGOS[algo]], out, algo, iterations=3), resume=True)
     resumed = ckpt_io.read_checkpoint(out)
     assert resumed.meta["step"] == 3 and resumed.meta["env_steps"] == first.meta["env_steps"] * 3 // 2
     assert resumed.meta["wall_seconds"] > first.meta["wall_seconds"], "wall-clock must continue across a resume"
@@ -81,9 +67,9 @@ def test_algorithm_logs_scalars_resumes_and_evaluates(tmp_path, sources, algo, c
     assert result["episodes"] == 4 and 0.0 <= result["success_rate"] <= 1.0
 
 
-def test_best_checkpoint_is_the_one_with_the_highest_evaluation_success(tmp_path, sources, capsys):
+def test_best_checkpoint_is_the_one_with_the_highest_evaluation_success(tmp_path, tiny_sources, capsys):
     out = tmp_path / "best"
-    cfg = _config(sources["gaussian"], out, "ppo", iterations=4)
+    cfg = _config(tiny_sources["gaussian"], out, "ppo", iterations=4)
     cfg.eval_episodes = 20
     run_finetune(cfg)
     evals = [r for r in read_metrics(out) if "eval/success_rate" in r]

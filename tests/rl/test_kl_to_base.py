@@ -27,13 +27,11 @@ def test_every_algorithm_is_covered():
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory, toy_pretrain, weak_gaussian_bc):
+def sources(tmp_path_factory, toy_pretrain, tiny_sources, weak_gaussian_bc):
     root = tmp_path_factory.mktemp("kl_sources")
     out = {
-        "diffusion": toy_pretrain(root / "diffusion", "diffusion_mlp", 20, "--policy.hidden_dims", "32,32",
-                                  "--policy.num_train_timesteps", "10"),
-        "flow": toy_pretrain(root / "flow", "flow_transformer", 20, "--policy.width", "32", "--policy.num_layers", "1",
-                             "--policy.num_steps", "3", "--policy.state_hidden_dims", "32"),
+        "diffusion": tiny_sources["diffusion"],
+        "flow": tiny_sources["flow"],
         "gaussian": weak_gaussian_bc,  # succeeds in about 0.3 of episodes: filtered BC has data to learn from
     }
     preset = root / "residual.yaml"
