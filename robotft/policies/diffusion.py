@@ -573,12 +573,14 @@ class DiffusionPolicy(Policy):
 
     @torch.no_grad()
     def decode_noise(self, obs: Obs, noise: torch.Tensor) -> torch.Tensor:
-        """Actions `[B, H, A]` env units from the given initial noise x_K `[B, H, A]`: the DDIM chain with η = 0,
-        a deterministic map (DSRL, Wagenmaker et al. 2025, arXiv 2506.15799, steers it). Only the `ddim` sampler
-        is deterministic; DDPM's reverse chain draws fresh noise at every step."""
-        if self.config.sampler != "ddim":
-            raise ValueError(f"decoding a given noise needs policy.sampler ddim (η = 0 is deterministic); this policy "
-                             f"samples with {self.config.sampler!r}: fine-tune with --policy.sampler ddim")
+        """Actions `[B, H, A]` env units from the given initial noise x_K `[B, H, A]`: the deterministic chain that
+        evaluation runs (`deterministic_sampler`; by default DDIM with η = 0 over the sampler's steps, whichever
+        sampler the policy was trained with), a deterministic map (DSRL, Wagenmaker et al. 2025, arXiv
+        2506.15799, steers it). x_K = 0 gives exactly the policy's deterministic evaluation chunk."""
+        if self.config.sampler == "ddpm" and self.config.deterministic_sampler == "model_std":
+            raise ValueError("decoding a given noise needs a deterministic chain: this policy's deterministic_sampler "
+                             "'model_std' draws DDPM noise at every step; fine-tune with "
+                             "--policy.deterministic_sampler ddim_eta0")
         check_chunk("noise", noise, self.config.horizon_steps, self.act_dim)
         cond = self.encode_obs(obs)
         x = noise.reshape(noise.shape[0], -1)

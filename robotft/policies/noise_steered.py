@@ -80,7 +80,8 @@ class NoiseSteeredPolicy(Policy):
             raise ValueError("the noise actor reads low-dim observations; policy.obs_keys has none")
         obs_dim = sum(math.prod(s) for s in self.obs_shapes.values())
         self.actor = TanhGaussianActor(obs_dim, math.prod(self.noise_shape), tuple(config.hidden_dims),
-                                       config.noise_bound, config.log_std_min, config.log_std_max, init_std=1.0)
+                                       config.noise_bound, config.log_std_min, config.log_std_max, init_std=1.0,
+                                       zero_mean=True)
 
     def train(self, mode: bool = True) -> NoiseSteeredPolicy:
         """Train mode for the actor; the frozen base always stays in eval mode."""

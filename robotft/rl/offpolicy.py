@@ -56,6 +56,12 @@ class OffPolicyConfig:
     """Discount per chunk."""
     n_step: int = 1
     """n of the n-step return; the walk stops at the end of an episode."""
+    reward_offset: float = 0.0
+    """Added to every chunk transition's reward (online and demonstrations) when the critic learns from it; -1
+    turns a sparse success reward that ends the episode into a cost per chunk until success, so Q measures the
+    time to success instead of a 0/1 outcome the entropy bonus can swamp (DSRL's robomimic runs, reward - 1).
+    Only where success is the sole termination: where failures end episodes too (the toy's collisions), a cost
+    per chunk pays the policy to fail early."""
     tau: float = 0.005
     """Polyak rate of the target critics."""
     critic_lr: float = 3e-4
@@ -251,7 +257,7 @@ class OffPolicy:
                 continue
             idx = buf.sample_indices(k, self._gen, only_success=only_successful)
             if idx.numel():
-                parts.append(buf.batch(idx, cfg.n_step, cfg.gamma))
+                parts.append(buf.batch(idx, cfg.n_step, cfg.gamma, cfg.reward_offset))
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else concat_batches(*parts)

@@ -143,8 +143,9 @@ class ChunkReplayBuffer:
             return pool[pick]
         return torch.randint(0, self.size, (n,), generator=generator).to(self.device)
 
-    def batch(self, idx: torch.Tensor, n_step: int, gamma: float) -> ReplayBatch:
-        """The n-step transitions starting at slots `idx` (see the module docstring)."""
+    def batch(self, idx: torch.Tensor, n_step: int, gamma: float, reward_offset: float = 0.0) -> ReplayBatch:
+        """The n-step transitions starting at slots `idx` (see the module docstring), `reward_offset` added to every
+        transition's stored reward (the stored rewards stay as collected)."""
         d = self.data
         reward = torch.zeros(idx.shape[0], device=self.device)
         discount = torch.ones(idx.shape[0], device=self.device)
@@ -160,7 +161,7 @@ class ChunkReplayBuffer:
                 can = alive & ~d["boundary"][cur] & behind_head
                 alive = can
                 cur = torch.where(alive, nxt, cur)
-            reward = reward + torch.where(alive, discount * d["reward"][cur], 0.0)
+            reward = reward + torch.where(alive, discount * (d["reward"][cur] + reward_offset), 0.0)
             discount = torch.where(alive, discount * gamma, discount)
             last = torch.where(alive, cur, last)
         discount = discount * (~d["terminated"][last]).float()

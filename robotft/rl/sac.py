@@ -23,10 +23,12 @@ from robotft.policies.encoders import mlp
 class TanhGaussianActor(nn.Module):
     """π(a | x) over `[-bound, bound]^dim` from a feature vector x `[N, in_dim]`: an MLP to (μ, log σ) of u, then
     a = bound · tanh(u). log σ is squashed into [log_std_min, log_std_max]; it starts near `init_std` (DSRL starts
-    at σ = 1, close to the base's own N(0, I) noise)."""
+    at σ = 1, close to the base's own N(0, I) noise). With `zero_mean` the mean head starts at 0 for every input,
+    so the deterministic action starts at 0 (DSRL: the base's own deterministic decoding)."""
 
     def __init__(self, in_dim: int, dim: int, hidden_dims: tuple[int, ...], bound: float,
-                 log_std_min: float = -5.0, log_std_max: float = 2.0, init_std: float | None = None) -> None:
+                 log_std_min: float = -5.0, log_std_max: float = 2.0, init_std: float | None = None,
+                 zero_mean: bool = False) -> None:
         super().__init__()
         self.dim, self.bound = dim, bound
         self.log_std_min, self.log_std_max = log_std_min, log_std_max
@@ -37,6 +39,10 @@ class TanhGaussianActor(nn.Module):
                 raise ValueError(f"init_std {init_std} must lie inside exp([{log_std_min}, {log_std_max}])")
             with torch.no_grad():
                 self.net[-1].bias[dim:] = math.atanh(2 * frac - 1)
+        if zero_mean:
+            with torch.no_grad():
+                self.net[-1].weight[:dim] = 0.0
+                self.net[-1].bias[:dim] = 0.0
 
     def _dist(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, raw = self.net(x).chunk(2, dim=-1)

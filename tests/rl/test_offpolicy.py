@@ -2,6 +2,7 @@
 and counters; DSRL leaves its base bit-identical and decodes deterministically; PA-RL's distillation lowers the BC
 loss on the optimized actions; filtered BC learns only from successful episodes."""
 
+import dataclasses
 import json
 
 import pytest
@@ -66,6 +67,7 @@ def test_offpolicy_algorithm_raises_success_on_toy(tmp_path, weak_gaussian_bc, t
 
 
 def test_dsrl_raises_success_on_toy_and_leaves_the_base_bit_identical(tmp_path, weak_flow_bc, toy_success):
+    """DSRL on its own entropy defaults (α, target) with only the budget and widths sized for the toy."""
     out = run_finetune(_offpolicy_cfg(weak_flow_bc, tmp_path / "dsrl", "dsrl", 10,
                                       dsrl=DSRLConfig(actor_hidden=(64, 64))))
     before, after = toy_success(weak_flow_bc), toy_success(out)
@@ -156,13 +158,20 @@ def test_dsrl_decodes_the_same_noise_to_the_same_chunk_and_never_moves_the_base(
         assert torch.equal(v, before[k]), f"base weight {k} changed"
 
 
-def test_dsrl_refuses_ddpm_sampling():
+def test_dsrl_decodes_a_ddpm_policy_through_its_deterministic_evaluation_chain():
+    """A DDPM-trained policy is steered through DDIM η = 0 (its evaluation chain): noise 0 decodes to exactly the
+    deterministic evaluation chunk, and a DDPM chain that samples at every step is refused."""
     spec, norm = tiny_spec_and_normalizer()
-    base = DiffusionPolicy(DiffusionPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(16,),
-                                                 num_train_timesteps=10), spec, norm)
+    cfg = DiffusionPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(16,), num_train_timesteps=10)
+    base = DiffusionPolicy(cfg, spec, norm)
+    obs = {"state": torch.randn(2, 1, 3)}
     algo = DSRL(base, DSRLConfig(actor_hidden=(16,)))
-    with pytest.raises(ValueError, match="sampler ddim"):
-        algo.act({"state": torch.randn(2, 1, 3)})
+    chunk, noise = algo.act(obs, deterministic=True)
+    assert torch.equal(noise, torch.zeros_like(noise)), "the noise actor must start at the base's own x_K = 0"
+    assert torch.allclose(chunk, base.predict_chunk(obs, deterministic=True), atol=1e-6)
+    stochastic = DiffusionPolicy(dataclasses.replace(cfg, deterministic_sampler="model_std"), spec, norm)
+    with pytest.raises(ValueError, match="model_std"):
+        DSRL(stochastic, DSRLConfig(actor_hidden=(16,))).act(obs)
 
 
 # -- PA-RL ---------------------------------------------------------------------------------------------------

@@ -36,6 +36,16 @@ def test_n_step_returns_stop_at_episode_ends_and_the_write_head():
     assert buf.data["success"][:6].tolist() == [True, False, True, False, True, False]
 
 
+def test_reward_offset_is_added_to_every_transition_of_the_walk_and_not_stored():
+    buf = ChunkReplayBuffer(capacity=20, stride=2)
+    _add(buf, 0, [0.0, 0.0])
+    _add(buf, 1, [1.0, 0.0], terminated=[True, False], done=[True, False], success=[True, False])
+    b = buf.batch(torch.tensor([0, 1]), n_step=2, gamma=0.5, reward_offset=-1.0)
+    # Stream 0: -1 then (1 - 1) at success; stream 1: -1 - 0.5 (the offset makes every chunk cost).
+    assert torch.allclose(b.reward, torch.tensor([-1.0, -1.5]))
+    assert buf.data["reward"][:4].tolist() == [0.0, 0.0, 1.0, 0.0]
+
+
 def test_end_streams_cuts_n_step_returns_after_a_restart():
     buf = ChunkReplayBuffer(capacity=20, stride=2)
     _add(buf, 0, [1.0, 1.0])
