@@ -130,6 +130,10 @@ class OffPolicyAlgorithm(abc.ABC):
     critic: QEnsemble | None = None
     """The core's critic, set when the core is built (PA-RL acts with it)."""
 
+    def attach_critic(self, critic: QEnsemble | None) -> None:
+        """Called once by the core with its critic, before any rollout or resume."""
+        self.critic = critic
+
     @abc.abstractmethod
     def act(self, obs: Obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """`(chunk [B, H, A] env units, critic action [B, action_dim])` for a batch of histories (no gradients)."""
@@ -161,6 +165,12 @@ class OffPolicyAlgorithm(abc.ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless by default
         """Restore `state_dict()`."""
+
+
+def executed_action(policy: Policy, chunk: torch.Tensor) -> torch.Tensor:
+    """The critic's action for a chunk `[N, H, A]` env units: its executed `act_steps`, normalized and flattened,
+    `[N, act_steps · A]` (so demonstrations and recorded deployments enter the critic unchanged)."""
+    return policy.normalizer.normalize("action", chunk[:, : policy.config.act_steps]).flatten(1)
 
 
 @dataclass
@@ -196,7 +206,7 @@ class OffPolicy:
         self.critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr) if critic is not None else None
         self.replay = ChunkReplayBuffer(cfg.buffer_size, env.num_envs, self.device)
         self.demos = demos
-        algo.critic = critic  # PA-RL re-ranks its rollouts' chunks with it
+        algo.attach_critic(critic)  # PA-RL re-ranks its rollouts' chunks with it; DSRL-NA distils from it
         if demos is not None:
             action = algo.critic_action_from_chunk(demos.data["chunk"])
             if action is None:

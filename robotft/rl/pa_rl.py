@@ -25,7 +25,7 @@ import torch
 from robotft.envs.base import Obs
 from robotft.policies.base import Policy
 from robotft.rl.algorithm import register_algorithm
-from robotft.rl.offpolicy import OffPolicyAlgorithm
+from robotft.rl.offpolicy import OffPolicyAlgorithm, executed_action
 from robotft.rl.q_ensemble import QEnsemble
 from robotft.rl.replay import ReplayBatch
 
@@ -77,8 +77,7 @@ class PARL(OffPolicyAlgorithm):
         self.high = torch.tensor(policy.spec.action.high, dtype=torch.float32)
 
     def critic_action_from_chunk(self, chunk: torch.Tensor) -> torch.Tensor:
-        """The executed `act_steps` of a chunk (env units), normalized and flattened: `[N, act_steps · A]`."""
-        return self.policy.normalizer.normalize("action", chunk[:, : self.act_steps]).flatten(1)
+        return executed_action(self.policy, chunk)
 
     @torch.no_grad()
     def global_step(self, obs: Obs, critic: QEnsemble) -> torch.Tensor:

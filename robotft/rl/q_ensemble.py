@@ -42,7 +42,7 @@ class QEnsemble(nn.Module):
         if ensemble < 2:
             raise ValueError(f"offpolicy.num_critics must be >= 2 (the target takes a minimum), got {ensemble}")
         self.obs_keys, self.normalizer, self.input_clip = list(obs_keys), normalizer, input_clip
-        self.ensemble = ensemble
+        self.ensemble, self.obs_dim, self.hidden_dims = ensemble, obs_dim, tuple(hidden_dims)
         layers: list[nn.Module] = []
         width = obs_dim + action_dim
         for h in hidden_dims:
@@ -50,6 +50,13 @@ class QEnsemble(nn.Module):
             width = h
         layers.append(EnsembleLinear(ensemble, width, 1))
         self.net = nn.Sequential(*layers)
+
+    def like(self, action_dim: int) -> QEnsemble:
+        """A fresh ensemble with this one's observation input, widths and size over actions of `action_dim`
+        (DSRL-NA's noise critic beside the action critic), on this one's device."""
+        q = QEnsemble(self.obs_keys, self.obs_dim, action_dim, self.normalizer, self.hidden_dims, self.ensemble,
+                      self.input_clip)
+        return q.to(next(self.parameters()).device)
 
     def features(self, obs: Obs) -> torch.Tensor:
         """`[N, obs_dim]` normalized, clipped observation features (robotft.rl.critic.critic_features)."""

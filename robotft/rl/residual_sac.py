@@ -20,7 +20,7 @@ from robotft.policies.base import Policy
 from robotft.policies.denoising_chain import gaussian_logprob_elementwise
 from robotft.policies.residual import ResidualPolicy, wrap_residual
 from robotft.rl.algorithm import register_algorithm
-from robotft.rl.offpolicy import OffPolicyAlgorithm
+from robotft.rl.offpolicy import OffPolicyAlgorithm, executed_action
 from robotft.rl.q_ensemble import QEnsemble
 from robotft.rl.replay import ReplayBatch
 from robotft.rl.sac import Temperature
@@ -68,8 +68,7 @@ class ResidualSAC(OffPolicyAlgorithm):
                                        cfg.alpha_lr, learn=cfg.alpha_lr > 0)
 
     def critic_action_from_chunk(self, chunk: torch.Tensor) -> torch.Tensor:
-        """The executed `act_steps` of a chunk (env units), normalized and flattened: `[N, act_steps · A]`."""
-        return self.policy.normalizer.normalize("action", chunk[:, : self.act_steps]).flatten(1)
+        return executed_action(self.policy, chunk)
 
     def _sample(self, obs: Obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """`(chunk [N, H, A] env units, log π(r|o) [N] over the executed entries)`, reparameterised in r."""

@@ -148,7 +148,10 @@ def test_dsrl_decodes_the_same_noise_to_the_same_chunk_and_never_moves_the_base(
     assert torch.equal(first, second)
     assert not torch.equal(first, algo.policy.decode(obs, torch.randn(6, 8))), "the noise must steer the chunk"
     critic = QEnsemble(["state"], 3, algo.action_dim, norm, hidden_dims=(16,))
-    batch = ReplayBatch(obs=obs, action=noise, chunk=first, reward=torch.zeros(6), discount=torch.ones(6),
+    algo.attach_critic(critic)
+    chunk, action = algo.act(obs)
+    assert action.shape == (6, 2 * 2), "DSRL-NA's critic sees the executed part of the chunk"
+    batch = ReplayBatch(obs=obs, action=action, chunk=chunk, reward=torch.zeros(6), discount=torch.ones(6),
                         next_obs=obs, success=torch.zeros(6, dtype=torch.bool))
     actor_before = [p.clone() for p in algo.policy.actor.parameters()]
     for _ in range(3):
@@ -166,8 +169,9 @@ def test_dsrl_decodes_a_ddpm_policy_through_its_deterministic_evaluation_chain()
     base = DiffusionPolicy(cfg, spec, norm)
     obs = {"state": torch.randn(2, 1, 3)}
     algo = DSRL(base, DSRLConfig(actor_hidden=(16,)))
-    chunk, noise = algo.act(obs, deterministic=True)
+    noise, _ = algo.policy.noise(obs, deterministic=True)
     assert torch.equal(noise, torch.zeros_like(noise)), "the noise actor must start at the base's own x_K = 0"
+    chunk, _ = algo.act(obs, deterministic=True)
     assert torch.allclose(chunk, base.predict_chunk(obs, deterministic=True), atol=1e-6)
     stochastic = DiffusionPolicy(dataclasses.replace(cfg, deterministic_sampler="model_std"), spec, norm)
     with pytest.raises(ValueError, match="model_std"):
@@ -235,10 +239,10 @@ def test_cli_runs_an_offpolicy_algorithm_and_robotft_eval_loads_its_checkpoint(t
     assert result["episodes"] == 4
 
 
-def test_demonstrations_from_a_store_feed_the_update_and_dsrl_refuses_them(tmp_path, weak_gaussian_bc, weak_flow_bc,
-                                                                           toy_demos):
-    """RLPD mixing: a dataset store's episodes fill half of every minibatch (and pre-train the critic); DSRL acts
-    in noise space, which demonstrations do not record."""
+def test_demonstrations_from_a_store_feed_the_update_and_dsrl_sac_refuses_them(tmp_path, weak_gaussian_bc,
+                                                                               weak_flow_bc, toy_demos):
+    """RLPD mixing: a dataset store's episodes fill half of every minibatch (and pre-train the critic); DSRL-NA's
+    action critic takes them, DSRL-SAC's critic acts in noise space, which demonstrations do not record."""
     out = run_finetune(_offpolicy_cfg(weak_gaussian_bc, tmp_path / "rsac", "residual_sac", 1,
                                       offpolicy={"demo_data": str(toy_demos), "critic_pretrain_steps": 5,
                                                  "warmup_steps": 2}))
@@ -248,6 +252,32 @@ def test_demonstrations_from_a_store_feed_the_update_and_dsrl_refuses_them(tmp_p
     assert any("warmup/env_steps" in r for r in rows)
     final = ckpt_io.read_checkpoint(out)
     assert final.meta["env_steps"] == (2 + 4) * 50 * 4  # the WSRL warm-up's chunks count as env steps
+    na = run_finetune(_offpolicy_cfg(weak_flow_bc, tmp_path / "dsrl_na", "dsrl", 1,
+                                     offpolicy={"demo_data": str(toy_demos), "critic_pretrain_steps": 5}))
+    assert [r for r in read_metrics(na) if "warmup/critic_loss" in r]
     with pytest.raises(ValueError, match="demo_data"):
-        run_finetune(_offpolicy_cfg(weak_flow_bc, tmp_path / "dsrl", "dsrl", 1,
+        run_finetune(_offpolicy_cfg(weak_flow_bc, tmp_path / "dsrl", "dsrl", 1, dsrl=DSRLConfig(noise_aliasing=False),
                                     offpolicy={"demo_data": str(toy_demos)}))
+
+
+def test_dsrl_na_distils_the_noise_critic_from_the_action_critic():
+    """Q^W(o, w) approaches mean_k Q^A(o, decode(o, w)) at noises it was not fitted on (prior samples)."""
+    spec, norm = tiny_spec_and_normalizer()
+    torch.manual_seed(0)
+    base = DiffusionPolicy(DiffusionPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(16,),
+                                                 num_train_timesteps=10), spec, norm)
+    algo = DSRL(base, DSRLConfig(actor_hidden=(16,), noise_critic_lr=3e-3))
+    critic = QEnsemble(["state"], 3, algo.action_dim, norm, hidden_dims=(32,))
+    algo.attach_critic(critic)
+    obs = {"state": torch.randn(64, 1, 3)}
+
+    def gap() -> float:
+        noise = algo._prior_noise(64, torch.device("cpu"))
+        with torch.no_grad():
+            target = critic(obs, algo._critic_action(obs, noise)[1]).mean(dim=0)
+            return float((algo.noise_critic(obs, noise).mean(dim=0) - target).abs().mean())
+
+    before = gap()
+    for _ in range(300):
+        algo.distill_noise_critic(obs, critic)
+    assert gap() < 0.5 * before, f"the noise critic should fit the action critic: {before:.3f} -> {gap():.3f}"
