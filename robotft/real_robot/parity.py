@@ -241,7 +241,7 @@ def run_parity(
             sim_success |= bool(info["success"][0])
             # ManiSkill's episode ends at success (or its time limit): compare up to there.
             done = bool(terminated[0]) or bool(truncated[0])
-            rig_success |= judge is not None and judge(robot.object_poses()) == "success"
+            rig_success |= judge is not None and judge(robot.object_poses(), robot.get_observation()) == "success"
         result.errors = {k: np.array([h[k] for h in history]) for k in history[0]}
         result.actions = np.array(sent)
         result.safety_counters = {
@@ -254,7 +254,7 @@ def run_parity(
             robot.disconnect()
 
 
-def _success_judge(rig: RigConfig) -> Callable[[dict[str, Any]], str | None] | None:
+def _success_judge(rig: RigConfig) -> Callable[..., str | None] | None:
     from robotft.real_robot.operator import SceneJudge
 
     return None if rig.success is None else SceneJudge(rig.success).judge

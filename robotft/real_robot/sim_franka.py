@@ -51,6 +51,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+GRASP_MIN_FORCE_N = 0.5
+"""ManiSkill's `Panda.is_grasping` defaults: each finger must be pushed open by the object with at least
+this force (N) ..."""
+GRASP_MAX_ANGLE_RAD = np.deg2rad(85.0)
+"""... at most this far (rad) from the finger's opening direction."""
+
 MANISKILL_REST_QPOS = (0.0, np.pi / 8, 0.0, -5 * np.pi / 8, 0.0, 3 * np.pi / 4, np.pi / 4)
 """ManiSkill3's Panda rest keyframe (rad): the TCP about 0.6 m in front of the base, pointing down."""
 
@@ -118,6 +124,19 @@ def _fatal_warnings(mujoco: Any) -> tuple[Any, ...]:
     return (w.mjWARN_BADCTRL, w.mjWARN_BADQPOS, w.mjWARN_BADQVEL, w.mjWARN_BADQACC)
 
 
+def _collision_geoms(model: Any, body: int) -> frozenset[int]:
+    """The colliding geoms of `body` and its descendants."""
+    inside = {body}
+    for b in range(body + 1, model.nbody):  # MuJoCo numbers a child after its parent
+        if model.body_parentid[b] in inside:
+            inside.add(b)
+    return frozenset(
+        g
+        for g in range(model.ngeom)
+        if model.geom_bodyid[g] in inside and (model.geom_contype[g] or model.geom_conaffinity[g])
+    )
+
+
 class SimulationError(RuntimeError):
     """The physics thread failed (e.g. the simulation diverged); raised on the next call into SimFranka."""
 
@@ -162,6 +181,11 @@ class SimFranka(Robot):
         self._finger_act = np.array(
             [m.actuator(f"{GRIPPER_PREFIX}gripper_finger_joint{i}").id for i in (1, 2)]
         )
+        # Each finger's collision geoms (finger and pad) and its joint, whose axis (times +-1) opens it.
+        self._finger_geoms = [
+            _collision_geoms(m, m.body(f"{GRIPPER_PREFIX}{name}").id) for name in ("leftfinger", "rightfinger")
+        ]
+        self._finger_joints = fingers
         closed = config.finger_closed_target_m
         # Let the finger position servos aim past closed (their joints still stop at 0).
         m.actuator_ctrlrange[self._finger_act] = [(min(0.0, closed), 0.04), (-0.04, max(0.0, -closed))]
@@ -170,6 +194,7 @@ class SimFranka(Robot):
         self._object_qpos = {
             o.name: m.jnt_qposadr[m.joint(f"{o.name}_joint").id] for o in config.scene.objects
         }
+        self._object_geoms = {o.name: _collision_geoms(m, m.body(o.name).id) for o in config.scene.objects}
         self._markers = {mk.name: m.body(mk.name).mocapid[0] for mk in config.scene.markers}
         self._marker_bodies = {mk.name: m.body(mk.name).id for mk in config.scene.markers}
         self._kp = np.array(config.stiffness)
@@ -351,12 +376,53 @@ class SimFranka(Robot):
         self._snapshot(self.clock())
 
     def object_poses(self) -> dict[str, ObjectPose]:
-        """Pose of every object and marker (base frame), as simulated with the latest robot state."""
+        """Pose of every object and marker (base frame), as simulated with the latest robot state; objects
+        say whether the gripper grasps them (`is_grasping`)."""
         self._check()
         with self._lock:
             d, t = self._data, self._state_time
-            bodies = {**self._objects, **self._marker_bodies}
-            return {name: ObjectPose(t, d.xpos[b].copy(), d.xquat[b].copy()) for name, b in bodies.items()}
+            poses = {
+                name: ObjectPose(t, d.xpos[b].copy(), d.xquat[b].copy(), self._grasping(name))
+                for name, b in self._objects.items()
+            }
+            for name, b in self._marker_bodies.items():
+                poses[name] = ObjectPose(t, d.xpos[b].copy(), d.xquat[b].copy())
+            return poses
+
+    def is_grasping(self, name: str) -> bool:
+        """Whether the fingers hold object `name`, as ManiSkill's `Panda.is_grasping` decides: the object
+        pushes each finger with at least `GRASP_MIN_FORCE_N`, within `GRASP_MAX_ANGLE_RAD` of the
+        direction that opens it."""
+        self._check()
+        with self._lock:
+            return self._grasping(name)
+
+    def _grasping(self, name: str) -> bool:
+        """`is_grasping` with the lock held, from the contacts of the last physics step."""
+        mj, m, d = self._mj, self.model, self._data
+        obj = self._object_geoms[name]
+        forces = np.zeros((2, 3))
+        wrench = np.zeros(6)
+        for i in range(d.ncon):
+            contact = d.contact[i]
+            for k, finger in enumerate(self._finger_geoms):
+                # The contact frame's normal points from geom1 to geom2; the force acts on geom2 along it.
+                if contact.geom1 in obj and contact.geom2 in finger:
+                    sign = 1.0
+                elif contact.geom2 in obj and contact.geom1 in finger:
+                    sign = -1.0
+                else:
+                    continue
+                mj.mj_contactForce(m, d, i, wrench)
+                forces[k] += sign * contact.frame.reshape(3, 3).T @ wrench[:3]
+        for k, (joint, opens) in enumerate(zip(self._finger_joints, (1.0, -1.0), strict=True)):
+            norm = float(np.linalg.norm(forces[k]))
+            if norm < GRASP_MIN_FORCE_N:
+                return False
+            cos = float(np.dot(forces[k], opens * d.xaxis[joint])) / norm
+            if cos < np.cos(GRASP_MAX_ANGLE_RAD):
+                return False
+        return True
 
     def inverse_kinematics(
         self, pos: np.ndarray, quat: np.ndarray, seed_q: np.ndarray | None = None
