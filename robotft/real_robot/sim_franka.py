@@ -90,6 +90,14 @@ class SimFrankaConfig:
     gripper_min_force_n: float = 5.0
     """Finger force (N) used to move the fingers when a command asks for less: a motor with no force
     limit cannot move them at all."""
+    finger_force_n: float | None = None
+    """Force limit (N) of each finger's drive whatever force a command asks for (ManiSkill's Panda: 100,
+    which closes the fingers in about 0.1 s); None: the command's grasp force."""
+    finger_armature: float | None = None
+    """Armature (kg) of each finger joint; None: robosuite's 1.0, which slows the 15 g fingers as a 1 kg
+    mass would (ManiSkill's fingers have none)."""
+    finger_friction_loss_n: float | None = None
+    """Dry friction (N) of each finger joint; None: robosuite's 1.0 (ManiSkill's fingers have none)."""
     finger_closed_target_m: float = 0.0
     """Finger joint target (m) for a gripper width command of 0; targets for widths up to 0.08 m are linear
     from it to 0.04. ManiSkill's Panda drives the fingers to -0.01 (past closed) on a full close, so that
@@ -113,6 +121,10 @@ class SimFrankaConfig:
                 "SimFrankaConfig needs physics_hz > 0, max_lag_s > 0, home_noise_rad >= 0; got "
                 f"{self.physics_hz}, {self.max_lag_s}, {self.home_noise_rad}"
             )
+        for name in ("finger_force_n", "finger_armature", "finger_friction_loss_n"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 or (value == 0 and name != "finger_force_n")):
+                raise ValueError(f"{name} must be None or >= 0 (force: > 0), got {value}")
         if not -0.04 <= self.finger_closed_target_m < 0.04:
             raise ValueError(
                 f"finger_closed_target_m must be in [-0.04, 0.04), got {self.finger_closed_target_m}"
@@ -186,6 +198,11 @@ class SimFranka(Robot):
             _collision_geoms(m, m.body(f"{GRIPPER_PREFIX}{name}").id) for name in ("leftfinger", "rightfinger")
         ]
         self._finger_joints = fingers
+        finger_dofs = [m.jnt_dofadr[j] for j in fingers]
+        if config.finger_armature is not None:
+            m.dof_armature[finger_dofs] = config.finger_armature
+        if config.finger_friction_loss_n is not None:
+            m.dof_frictionloss[finger_dofs] = config.finger_friction_loss_n
         closed = config.finger_closed_target_m
         # Let the finger position servos aim past closed (their joints still stop at 0).
         m.actuator_ctrlrange[self._finger_act] = [(min(0.0, closed), 0.04), (-0.04, max(0.0, -closed))]
@@ -309,7 +326,7 @@ class SimFranka(Robot):
             self._gripper_width = command.gripper_width
             # Each finger pushes with at most `force`, so an object between them is squeezed with
             # `force`, like the Franka Hand's grasp force.
-            force = max(command.gripper_force, self.config.gripper_min_force_n)
+            force = self.config.finger_force_n or max(command.gripper_force, self.config.gripper_min_force_n)
             self.model.actuator_forcerange[self._finger_act] = (-force, force)
 
     def stop(self) -> None:
