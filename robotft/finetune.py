@@ -201,6 +201,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     cfg, source, origin, resuming, policy = start.cfg, start.source, start.origin, start.resuming, start.policy
     env_cfg, previous = cfg.env, start.previous
     algo = make_algorithm(cfg.algo, policy, cfg)
+    policy = algo.policy.to(device)  # residual PPO wraps a plain base policy
 
     # With Ray the training envs live on the workers; the learner only holds evaluation envs (rank 0).
     env = make_env(env_cfg, device=device) if cfg.rollout.backend == "inprocess" else None

@@ -24,7 +24,7 @@ import torch
 from robotft.datasets.normalizer import Normalizer
 from robotft.policies.base import Obs, Policy, PolicyConfig, register_policy
 from robotft.policies.encoders import flatten_obs, low_dim_obs_shapes
-from robotft.policies.residual import build_base
+from robotft.policies.residual import build_base, policy_record
 from robotft.rl.sac import TanhGaussianActor
 from robotft.specs import EnvSpec
 
@@ -52,16 +52,6 @@ class NoiseSteeredPolicyConfig(PolicyConfig):
             raise ValueError("policy.base must hold the base policy's record (built by --algo dsrl)")
         if self.noise_bound <= 0:
             raise ValueError(f"policy.noise_bound must be > 0, got {self.noise_bound}")
-
-
-def policy_record(policy: Policy) -> dict[str, Any]:
-    """The `{"policy", "spec", "normalizer"}` record of an in-memory policy, as `residual.build_base` reads it."""
-    from robotft.config import to_dict
-
-    tensors = policy.normalizer.to_tensors()
-    return {"policy": to_dict(policy.config), "spec": policy.spec.to_dict(),
-            "normalizer": {"tensors": {k: v.tolist() for k, v in tensors.items()},
-                           "metadata": policy.normalizer.metadata()}}
 
 
 class NoiseSteeredPolicy(Policy):

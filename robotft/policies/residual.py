@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from robotft.checkpoint import read_checkpoint
-from robotft.config import from_dict
+from robotft.config import from_dict, to_dict
 from robotft.datasets.normalizer import Normalizer
 from robotft.policies.base import (
     Obs,
@@ -105,6 +105,14 @@ def base_record(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     }
     record = {"policy": ckpt.config["policy"], "spec": ckpt.config["spec"], "normalizer": normalizer}
     return record, ckpt.model_state
+
+
+def policy_record(policy: Policy) -> dict[str, Any]:
+    """The `{"policy", "spec", "normalizer"}` record of an in-memory policy, as `build_base` reads it."""
+    tensors = policy.normalizer.to_tensors()
+    return {"policy": to_dict(policy.config), "spec": policy.spec.to_dict(),
+            "normalizer": {"tensors": {k: v.tolist() for k, v in tensors.items()},
+                           "metadata": policy.normalizer.metadata()}}
 
 
 def build_base(record: dict[str, Any]) -> Policy:
@@ -273,3 +281,13 @@ def build_residual_policy(
     base.load_state_dict(weights)
     config.base = record
     return ResidualPolicy(config, spec, normalizer, base)
+
+
+def wrap_residual(base: Policy, hidden_dims: tuple[int, ...], log_std_init: float) -> ResidualPolicy:
+    """A zero-initialised residual over an in-memory base (its weights kept, frozen): fine-tuning a plain BC
+    checkpoint with a residual algorithm starts exactly at the base."""
+    c = base.config
+    cfg = ResidualPolicyConfig(base=policy_record(base), obs_keys=[k for k in c.obs_keys if not k.startswith(
+        ("rgb/", "depth/"))], obs_steps=c.obs_steps, horizon_steps=c.horizon_steps, act_steps=c.act_steps,
+        normalizer_mode=c.normalizer_mode, hidden_dims=tuple(hidden_dims), log_std_init=log_std_init)
+    return ResidualPolicy(cfg, base.spec, base.normalizer, base)

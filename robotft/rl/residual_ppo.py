@@ -5,7 +5,8 @@ The sample stores the base chunk and the residual, so the residual is re-scored 
 was sampled for (the base may itself be stochastic). It is scored as K = 1 transition: the exact Gaussian
 log-density of r over the executed `act_steps × act_dim` entries. As in ResiP the critic sees the
 observation and the base action, V(o, a^base); for a bootstrap observation without a stored sample the
-base is run again. The actor loss adds an entropy bonus. Only r_θ and σ train; the base gets no gradient.
+base is run again. The actor loss adds an entropy bonus. Only r_θ and σ train; the base gets no gradient. A
+checkpoint that is not a residual policy is wrapped in a zero-initialised residual at the start.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from robotft.envs.base import Obs
-from robotft.policies.residual import ResidualPolicy
+from robotft.policies.residual import ResidualPolicy, wrap_residual
 from robotft.rl.algorithm import ActOutput, register_algorithm
 from robotft.rl.gaussian_ppo import GaussianChunkPPO
 
@@ -27,6 +28,10 @@ class ResidualPPOConfig:
 
     ent_coef: float = 0.0
     """Weight c_H of the entropy bonus on the residual's Gaussian (per executed chunk); 0 disables it."""
+    residual_hidden: tuple[int, ...] = (256, 256)
+    """Hidden widths of the residual MLP (used when wrapping a base policy)."""
+    log_std_init: float = -2.0
+    """Initial log σ of the residual, normalized action units (used when wrapping a base policy)."""
 
     def __post_init__(self) -> None:
         if self.ent_coef < 0:
@@ -45,7 +50,7 @@ class ResidualPPO(GaussianChunkPPO):
 
     def __init__(self, policy: ResidualPolicy, cfg: ResidualPPOConfig) -> None:
         if not isinstance(policy, ResidualPolicy):
-            raise TypeError(f"residual_ppo fine-tunes residual policies; got {type(policy).__name__}")
+            policy = wrap_residual(policy, cfg.residual_hidden, cfg.log_std_init)
         self.policy, self.cfg = policy, cfg
         self.critic_extra_dim = policy.config.horizon_steps * policy.act_dim
         """Size of the critic's extra input: the flattened, normalized base chunk."""

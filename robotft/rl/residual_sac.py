@@ -18,8 +18,7 @@ import torch
 from robotft.envs.base import Obs
 from robotft.policies.base import Policy
 from robotft.policies.denoising_chain import gaussian_logprob_elementwise
-from robotft.policies.noise_steered import policy_record
-from robotft.policies.residual import ResidualPolicy, ResidualPolicyConfig
+from robotft.policies.residual import ResidualPolicy, wrap_residual
 from robotft.rl.algorithm import register_algorithm
 from robotft.rl.offpolicy import OffPolicyAlgorithm
 from robotft.rl.q_ensemble import QEnsemble
@@ -47,15 +46,6 @@ class ResidualSACConfig:
     def __post_init__(self) -> None:
         if self.actor_lr <= 0 or self.alpha_init <= 0 or self.alpha_lr < 0:
             raise ValueError("residual_sac.actor_lr and residual_sac.alpha_init must be > 0, alpha_lr >= 0")
-
-
-def wrap_residual(base: Policy, hidden_dims: tuple[int, ...], log_std_init: float) -> ResidualPolicy:
-    """A zero-initialised residual over an in-memory base (its weights kept, frozen)."""
-    c = base.config
-    cfg = ResidualPolicyConfig(base=policy_record(base), obs_keys=[k for k in c.obs_keys if not k.startswith(
-        ("rgb/", "depth/"))], obs_steps=c.obs_steps, horizon_steps=c.horizon_steps, act_steps=c.act_steps,
-        normalizer_mode=c.normalizer_mode, hidden_dims=tuple(hidden_dims), log_std_init=log_std_init)
-    return ResidualPolicy(cfg, base.spec, base.normalizer, base)
 
 
 @register_algorithm

@@ -84,6 +84,18 @@ def test_ppo_core_feeds_the_critic_the_base_action():
     assert len(seen) > 4 + 1 + 2 and all(seen)
 
 
+def test_a_plain_bc_policy_is_wrapped_in_a_zero_residual_that_acts_like_it():
+    """`finetune --algo residual_ppo --from BC` needs no residual checkpoint: the algorithm wraps the base."""
+    base = _policy().base
+    algo = ResidualPPO(base, ResidualPPOConfig(residual_hidden=(16,), log_std_init=-3.0))
+    assert isinstance(algo.policy, ResidualPolicy) and algo.policy.base is base
+    assert torch.allclose(algo.policy.std(), torch.full_like(algo.policy.std(), np.exp(-3.0)))
+    obs = {"state": torch.randn(5, 1, 3)}
+    out = algo.act(obs, deterministic=True)
+    assert torch.equal(out.actions, base.predict_chunk(obs, deterministic=True))
+    assert not any(p.requires_grad for p in algo.policy.base.parameters())
+
+
 def test_pretrain_then_residual_ppo_raises_success_on_toy(tmp_path, weak_gaussian_bc, toy_pretrain, toy_success,
                                                           toy_finetune):
     """A weak Gaussian BC base → a zero-initialised residual on it → residual PPO must beat the base beyond
