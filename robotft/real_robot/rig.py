@@ -20,6 +20,8 @@ Sources: `robot` (a `RobotState` field), `object` (a pose from the robot backend
 the simulated scene, or a pose estimator on hardware), `constant` (e.g. a fixed goal), `camera`
 (`rgb/<name>` keys). Positions and orientations are in the robot base frame unless a source says
 `frame: world`, which applies `world_from_base` (ManiSkill's world has the robot base at x = -0.615).
+An `object` source may give a position `relative_to` another object or the TCP (ManiSkill PickCube's
+`tcp_to_obj_pos`, `obj_to_goal_pos`), or the `grasped` flag (its `is_grasped`, simulated scenes only).
 
 Where object poses come from is the rig's `object_poses` source, by name (robotft.real_robot.backends
 `OBJECT_POSE_SOURCES`): `scene` (the default: the robot backend's `object_poses()`, the simulated scene)
