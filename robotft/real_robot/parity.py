@@ -16,8 +16,9 @@ Errors are per named segment of the state vector (`agent/qpos`, `extra/tcp_pose`
 the position error (m) and the rotation angle (rad) separately, otherwise the largest absolute
 difference over the segment's dimensions (in the segment's units: rad, rad/s, m).
 
-Actions come from a scripted push or pick (`scripted_push`, `scripted_pick`: closed loop on ManiSkill's state, so the same
-sequence is replayed open loop on the rig) or are random free-space motions (`RandomMotion`).
+Actions come from a scripted push or pick (`scripted_push`, `scripted_pick`: closed loop on ManiSkill's
+state, so the same sequence is replayed open loop on the rig) or are random free-space motions
+(`RandomMotion`).
 """
 
 from __future__ import annotations
