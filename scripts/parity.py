@@ -1,6 +1,6 @@
 """Step ManiSkill and the simulated rig side by side and print the per-segment observation error.
 
-    python scripts/parity.py --env maniskill/push_cube --rig sim_franka --steps 60 [--actions random]
+    python scripts/parity.py --env maniskill/push_cube --rig sim_franka --steps 60 [--actions random|pick]
         [--control-mode pd_ee_delta_pos] [--seeds 0 1 2] [--json out.json]
 
 See robotft.real_robot.parity for what is compared and how.

@@ -100,7 +100,7 @@ def run_lockstep(
             robot.send_action(mapper.to_command(action, robot.get_observation(), now + dt))
             robot.advance(dt)
             step += 1
-            if judge.judge(robot.object_poses()) == "success":
+            if judge.judge(robot.object_poses(), robot.get_observation()) == "success":
                 outcome = "success"
                 break
         counts = {k: v - before.get(k, 0) for k, v in robot.safety.counters.items() if v != before.get(k, 0)}

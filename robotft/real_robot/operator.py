@@ -64,8 +64,9 @@ class Operator(abc.ABC):
         """Events since the last call (never blocks): `success`, `failure`, `abort`, `reset`, `takeover`,
         `stop`, `quit`."""
 
-    def judge(self, objects: dict[str, Any]) -> str | None:
-        """The outcome read from the scene (`objects`: name -> pose), or None to let the episode run."""
+    def judge(self, objects: dict[str, Any], robot: Any = None) -> str | None:
+        """The outcome read from the scene (`objects`: name -> pose; `robot`: the latest `RobotState`),
+        or None to let the episode run."""
         return None
 
     def label_timeout(self) -> str:
@@ -92,7 +93,7 @@ class SceneJudge(Operator):
     def poll(self) -> list[str]:
         return []
 
-    def judge(self, objects: dict[str, Any]) -> str | None:
+    def judge(self, objects: dict[str, Any], robot: Any = None) -> str | None:
         s = self.success
         for name in (s.object, s.goal):
             if name not in objects:
@@ -103,7 +104,14 @@ class SceneJudge(Operator):
         dist = float(
             np.linalg.norm(np.asarray(objects[s.object].pos)[:axes] - np.asarray(objects[s.goal].pos)[:axes])
         )
-        return "success" if dist < s.radius_m else None
+        if dist >= s.radius_m:
+            return None
+        if s.max_joint_speed_rad_s is not None:
+            if robot is None:
+                raise ValueError("success predicate: the arm must be at rest, and no robot state was given")
+            if float(np.max(np.abs(robot.joint_velocities))) > s.max_joint_speed_rad_s:
+                return None
+        return "success"
 
 
 class KeyboardOperator(Operator):

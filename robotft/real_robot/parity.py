@@ -16,8 +16,9 @@ Errors are per named segment of the state vector (`agent/qpos`, `extra/tcp_pose`
 the position error (m) and the rotation angle (rad) separately, otherwise the largest absolute
 difference over the segment's dimensions (in the segment's units: rad, rad/s, m).
 
-Actions come from a scripted push (`scripted_push`: closed loop on ManiSkill's state, so the same
-sequence is replayed open loop on the rig) or are random free-space motions (`RandomMotion`).
+Actions come from a scripted push or pick (`scripted_push`, `scripted_pick`: closed loop on ManiSkill's
+state, so the same sequence is replayed open loop on the rig) or are random free-space motions
+(`RandomMotion`).
 """
 
 from __future__ import annotations
@@ -118,6 +119,23 @@ def scripted_push(state: dict[str, np.ndarray], step: int, rng: np.random.Genera
     return np.concatenate([delta, np.zeros(3), [-1.0]])
 
 
+def scripted_pick(state: dict[str, np.ndarray], step: int, rng: np.random.Generator) -> np.ndarray:
+    """A PickCube expert on ManiSkill's state (world frame): open above the cube, lower to its centre,
+    close, and once ManiSkill reports the grasp carry the cube to the goal. Returns a `pd_ee_delta_pose`
+    action `[7]` (rotation held, as for `scripted_push`)."""
+    tcp, cube, goal = state["extra/tcp_pose"][:3], state["extra/obj_pose"][:3], state["extra/goal_pos"]
+    if state["extra/is_grasped"][0] > 0.5:
+        target, grip = goal, -1.0
+    elif np.linalg.norm((tcp - cube)[:2]) > 0.01:
+        target, grip = cube + np.array([0.0, 0.0, 0.06]), 1.0
+    elif tcp[2] - cube[2] > 0.005:
+        target, grip = cube, 1.0
+    else:
+        target, grip = cube, -1.0
+    delta = np.clip((target - tcp) / 0.1, -0.5, 0.5)
+    return np.concatenate([delta, np.zeros(3), [grip]])
+
+
 class RandomMotion:
     """Random `pd_ee_delta_pose` motion in free space: a new random direction and rotation every 5 steps,
     steered back into a box 8-25 cm above the table, 0.4-0.75 m in front of the base and 20 cm to either
@@ -143,6 +161,7 @@ class RandomMotion:
 
 ACTION_SOURCES: dict[str, Callable[[], ActionSource]] = {
     "scripted": lambda: scripted_push,
+    "pick": lambda: scripted_pick,
     "random": RandomMotion,
 }
 """Action sequences by name: a factory of one run's action source."""
@@ -172,7 +191,7 @@ def initial_state(
         if src.source == "robot" and "joint_positions" in src.fields:
             start = sum(ROBOT_FIELDS[f] for f in src.fields[: src.fields.index("joint_positions")])
             joints = values[start : start + ROBOT_FIELDS["joint_positions"]]
-        elif src.source == "object":
+        elif src.source == "object" and src.fields[0] in ("pos", "pose") and not src.relative_to:
             poses[src.object] = _object_pose(src, values, base_from_world)
     if joints is None:
         raise ValueError(f"rig {rig.name!r}: no `robot` source with joint_positions among {sorted(segs)}")
@@ -241,7 +260,7 @@ def run_parity(
             sim_success |= bool(info["success"][0])
             # ManiSkill's episode ends at success (or its time limit): compare up to there.
             done = bool(terminated[0]) or bool(truncated[0])
-            rig_success |= judge is not None and judge(robot.object_poses()) == "success"
+            rig_success |= judge is not None and judge(robot.object_poses(), robot.get_observation()) == "success"
         result.errors = {k: np.array([h[k] for h in history]) for k in history[0]}
         result.actions = np.array(sent)
         result.safety_counters = {
@@ -254,7 +273,7 @@ def run_parity(
             robot.disconnect()
 
 
-def _success_judge(rig: RigConfig) -> Callable[[dict[str, Any]], str | None] | None:
+def _success_judge(rig: RigConfig) -> Callable[..., str | None] | None:
     from robotft.real_robot.operator import SceneJudge
 
     return None if rig.success is None else SceneJudge(rig.success).judge

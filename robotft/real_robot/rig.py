@@ -20,6 +20,8 @@ Sources: `robot` (a `RobotState` field), `object` (a pose from the robot backend
 the simulated scene, or a pose estimator on hardware), `constant` (e.g. a fixed goal), `camera`
 (`rgb/<name>` keys). Positions and orientations are in the robot base frame unless a source says
 `frame: world`, which applies `world_from_base` (ManiSkill's world has the robot base at x = -0.615).
+An `object` source may give a position `relative_to` another object or the TCP (ManiSkill PickCube's
+`tcp_to_obj_pos`, `obj_to_goal_pos`), or the `grasped` flag (its `is_grasped`, simulated scenes only).
 
 Where object poses come from is the rig's `object_poses` source, by name (robotft.real_robot.backends
 `OBJECT_POSE_SOURCES`): `scene` (the default: the robot backend's `object_poses()`, the simulated scene)
@@ -67,8 +69,11 @@ ROBOT_FIELDS: dict[str, int] = {
 """Robot source fields and their sizes. `finger_positions` is `[w/2, w/2]` for gripper width `w` (the two
 finger joints of ManiSkill's Panda); `finger_velocities` is zero (no backend measures it; the fingers
 are at rest most of the time). `ee_pose` is `ee_pos` followed by `ee_quat`."""
-OBJECT_FIELDS: dict[str, int] = {"pos": 3, "quat": 4, "pose": 7}
-"""Object source fields: position (m), orientation `[w, x, y, z]`, both (pos then quat)."""
+OBJECT_FIELDS: dict[str, int] = {"pos": 3, "quat": 4, "pose": 7, "grasped": 1}
+"""Object source fields: position (m), orientation `[w, x, y, z]`, both (pos then quat), and 1.0 while the
+gripper grasps the object, else 0.0 (ManiSkill's `is_grasped`; only a simulated scene can tell)."""
+TCP = "tcp"
+"""`relative_to` value naming the robot's TCP rather than an object."""
 SOURCES = ("robot", "object", "constant", "camera")
 FRAMES = ("base", "world")
 
@@ -133,6 +138,9 @@ class SourceConfig:
     quat_nonneg: str = ""
     """Quaternion component (`w`, `x`, `y`, `z`) kept >= 0 (q and -q are one rotation; a policy saw one
     sign in training, e.g. ManiSkill reports a downward TCP with x > 0); empty: as measured."""
+    relative_to: str = ""
+    """`object` with fields `[pos]`: the object's position minus this one's, an object of the rig or
+    `tcp` (ManiSkill PickCube's `tcp_to_obj_pos` is the cube's relative to the TCP); empty: absolute."""
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -149,6 +157,11 @@ class SourceConfig:
             )
         if self.source == "object" and not self.object:
             raise ValueError(f"object source {self.segment!r} needs `object` (the object's name)")
+        if self.relative_to and (self.source != "object" or self.fields != ["pos"]):
+            raise ValueError(
+                f"source {self.segment!r}: relative_to needs an object source with fields [pos], got "
+                f"{self.source} {self.fields}"
+            )
         if self.source == "constant" and not self.value:
             raise ValueError(f"constant source {self.segment!r} needs `value`")
         if self.source == "camera" and not self.camera:
@@ -202,7 +215,8 @@ class ExecutorConfig:
 
 @dataclass
 class SuccessConfig:
-    """Success predicate on the simulated scene (`--no-operator`): an object within a goal radius."""
+    """Success predicate on the simulated scene (`--no-operator`): an object within a goal radius, and
+    optionally the arm at rest (ManiSkill PickCube's `is_robot_static`)."""
 
     object: str = "cube"
     """Object that must reach the goal."""
@@ -212,12 +226,17 @@ class SuccessConfig:
     """Success when the distance is below this (m); ManiSkill PushCube's `goal_radius` is 0.1."""
     axes: str = "xy"
     """Axes of the distance: `xy` (on the table) or `xyz`."""
+    max_joint_speed_rad_s: float | None = None
+    """Also require every arm joint's speed (rad/s) at most this: ManiSkill's `is_static(0.2)` (the
+    largest |qvel| of the 7 arm joints); None: the arm may move."""
 
     def __post_init__(self) -> None:
         if self.axes not in ("xy", "xyz") or not self.radius_m > 0:
             raise ValueError(
                 f"success needs axes xy or xyz and radius_m > 0, got {self.axes!r}, {self.radius_m}"
             )
+        if self.max_joint_speed_rad_s is not None and not self.max_joint_speed_rad_s > 0:
+            raise ValueError(f"success max_joint_speed_rad_s must be > 0, got {self.max_joint_speed_rad_s}")
 
 
 @dataclass
@@ -327,11 +346,20 @@ def _group(names: Sequence[str]) -> list[str]:
 def _source_problems(rig: RigConfig, key: str, src: SourceConfig, size: int | None) -> list[str]:
     problems = []
     where = f"{key}[{src.segment}]" if src.segment else key
-    if src.source == "object" and src.object not in rig.objects:
+    needed = [src.object] if src.source == "object" else []
+    if src.relative_to and src.relative_to != TCP:
+        needed.append(src.relative_to)
+    for name in needed:
+        if name not in rig.objects:
+            problems.append(
+                f"{where}: needs the pose of object {name!r}, which this rig cannot observe "
+                f"(rig objects: {rig.objects}; on hardware add a pose source, e.g. `object_poses: "
+                "{backend: fiducial}` with a marker on the object, docs/calibration.md)"
+            )
+    if "grasped" in src.fields and not (rig.simulated and rig.object_poses.backend == "scene"):
         problems.append(
-            f"{where}: needs the pose of object {src.object!r}, which this rig cannot observe "
-            f"(rig objects: {rig.objects}; on hardware add a pose source, e.g. `object_poses: "
-            "{backend: fiducial}` with a marker on the object, docs/calibration.md)"
+            f"{where}: needs whether the gripper grasps {src.object!r}, which only a simulated scene "
+            "(`object_poses: {backend: scene}` on a simulated rig) tells"
         )
     if src.source == "camera" and src.camera not in {c.name for c in rig.cameras}:
         problems.append(
@@ -460,6 +488,7 @@ def describe_mapping(rig: RigConfig, spec: EnvSpec, obs_keys: Sequence[str]) -> 
             what = {
                 "robot": lambda s: f"robot {'+'.join(s.fields)}",
                 "object": lambda s: f"object {s.object!r} {'+'.join(s.fields)}"
+                + (f" relative to {s.relative_to!r}" if s.relative_to else "")
                 + ("" if s.object in rig.objects else " (NOT OBSERVABLE on this rig)"),
                 "constant": lambda s: f"constant {s.value}",
                 "camera": lambda s: f"camera {s.camera!r}",
@@ -537,6 +566,8 @@ class ObservationBuilder:
             for src, _ in parts:
                 if src.source == "object":
                     names.add(f"object/{src.object}")
+                    if src.relative_to and src.relative_to != TCP:
+                        names.add(f"object/{src.relative_to}")
                 elif src.source == "camera":
                     names.add(f"camera/{src.camera}")
         return sorted(names)
@@ -581,8 +612,21 @@ class ObservationBuilder:
         else:
             pose = samples[f"object/{src.object}"]
             pos, quat = self._frame(src, pose.pos, pose.quat)
-            values = {"pos": pos, "quat": quat, "pose": np.concatenate([pos, quat])}
+            if src.relative_to:
+                pos = pos - self._origin(src, samples)
+            values = {
+                "pos": pos,
+                "quat": quat,
+                "pose": np.concatenate([pos, quat]),
+                "grasped": [float(bool(pose.grasped))],
+            }
         return np.concatenate([np.asarray(values[f], dtype=np.float64).ravel() for f in src.fields])
+
+    def _origin(self, src: SourceConfig, samples: Mapping[str, Any]) -> np.ndarray:
+        """The position `src.relative_to` names (the TCP or an object), in `src.frame`."""
+        ref = samples["robot"] if src.relative_to == TCP else samples[f"object/{src.relative_to}"]
+        ref_pos, ref_quat = (ref.ee_pos, ref.ee_quat) if src.relative_to == TCP else (ref.pos, ref.quat)
+        return self._frame(src, ref_pos, ref_quat)[0]
 
     def _frame(self, src: SourceConfig, pos: np.ndarray, quat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if src.frame == "world":

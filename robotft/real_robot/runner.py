@@ -411,7 +411,8 @@ class Runner:
             if outcome is not None:
                 break
             if self.rig.simulated:
-                outcome = self.operator.judge(self.robot.object_poses())  # type: ignore[attr-defined]
+                scene = self.robot.object_poses()  # type: ignore[attr-defined]
+                outcome = self.operator.judge(scene, self.robot.get_observation())
                 if outcome is not None:
                     break
             if now - t0 >= self.episode_time_s:

@@ -51,6 +51,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+GRASP_MIN_FORCE_N = 0.5
+"""ManiSkill's `Panda.is_grasping` defaults: each finger must be pushed open by the object with at least
+this force (N) ..."""
+GRASP_MAX_ANGLE_RAD = np.deg2rad(85.0)
+"""... at most this far (rad) from the finger's opening direction."""
+
 MANISKILL_REST_QPOS = (0.0, np.pi / 8, 0.0, -5 * np.pi / 8, 0.0, 3 * np.pi / 4, np.pi / 4)
 """ManiSkill3's Panda rest keyframe (rad): the TCP about 0.6 m in front of the base, pointing down."""
 
@@ -84,6 +90,14 @@ class SimFrankaConfig:
     gripper_min_force_n: float = 5.0
     """Finger force (N) used to move the fingers when a command asks for less: a motor with no force
     limit cannot move them at all."""
+    finger_force_n: float | None = None
+    """Force limit (N) of each finger's drive whatever force a command asks for (ManiSkill's Panda: 100,
+    which closes the fingers in about 0.1 s); None: the command's grasp force."""
+    finger_armature: float | None = None
+    """Armature (kg) of each finger joint; None: robosuite's 1.0, which slows the 15 g fingers as a 1 kg
+    mass would (ManiSkill's fingers have none)."""
+    finger_friction_loss_n: float | None = None
+    """Dry friction (N) of each finger joint; None: robosuite's 1.0 (ManiSkill's fingers have none)."""
     finger_closed_target_m: float = 0.0
     """Finger joint target (m) for a gripper width command of 0; targets for widths up to 0.08 m are linear
     from it to 0.04. ManiSkill's Panda drives the fingers to -0.01 (past closed) on a full close, so that
@@ -107,6 +121,10 @@ class SimFrankaConfig:
                 "SimFrankaConfig needs physics_hz > 0, max_lag_s > 0, home_noise_rad >= 0; got "
                 f"{self.physics_hz}, {self.max_lag_s}, {self.home_noise_rad}"
             )
+        for name in ("finger_force_n", "finger_armature", "finger_friction_loss_n"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 or (value == 0 and name != "finger_force_n")):
+                raise ValueError(f"{name} must be None or >= 0 (force: > 0), got {value}")
         if not -0.04 <= self.finger_closed_target_m < 0.04:
             raise ValueError(
                 f"finger_closed_target_m must be in [-0.04, 0.04), got {self.finger_closed_target_m}"
@@ -116,6 +134,19 @@ class SimFrankaConfig:
 def _fatal_warnings(mujoco: Any) -> tuple[Any, ...]:
     w = mujoco.mjtWarning
     return (w.mjWARN_BADCTRL, w.mjWARN_BADQPOS, w.mjWARN_BADQVEL, w.mjWARN_BADQACC)
+
+
+def _collision_geoms(model: Any, body: int) -> frozenset[int]:
+    """The colliding geoms of `body` and its descendants."""
+    inside = {body}
+    for b in range(body + 1, model.nbody):  # MuJoCo numbers a child after its parent
+        if model.body_parentid[b] in inside:
+            inside.add(b)
+    return frozenset(
+        g
+        for g in range(model.ngeom)
+        if model.geom_bodyid[g] in inside and (model.geom_contype[g] or model.geom_conaffinity[g])
+    )
 
 
 class SimulationError(RuntimeError):
@@ -162,6 +193,16 @@ class SimFranka(Robot):
         self._finger_act = np.array(
             [m.actuator(f"{GRIPPER_PREFIX}gripper_finger_joint{i}").id for i in (1, 2)]
         )
+        # Each finger's collision geoms (finger and pad) and its joint, whose axis (times +-1) opens it.
+        self._finger_geoms = [
+            _collision_geoms(m, m.body(f"{GRIPPER_PREFIX}{name}").id) for name in ("leftfinger", "rightfinger")
+        ]
+        self._finger_joints = fingers
+        finger_dofs = [m.jnt_dofadr[j] for j in fingers]
+        if config.finger_armature is not None:
+            m.dof_armature[finger_dofs] = config.finger_armature
+        if config.finger_friction_loss_n is not None:
+            m.dof_frictionloss[finger_dofs] = config.finger_friction_loss_n
         closed = config.finger_closed_target_m
         # Let the finger position servos aim past closed (their joints still stop at 0).
         m.actuator_ctrlrange[self._finger_act] = [(min(0.0, closed), 0.04), (-0.04, max(0.0, -closed))]
@@ -170,6 +211,7 @@ class SimFranka(Robot):
         self._object_qpos = {
             o.name: m.jnt_qposadr[m.joint(f"{o.name}_joint").id] for o in config.scene.objects
         }
+        self._object_geoms = {o.name: _collision_geoms(m, m.body(o.name).id) for o in config.scene.objects}
         self._markers = {mk.name: m.body(mk.name).mocapid[0] for mk in config.scene.markers}
         self._marker_bodies = {mk.name: m.body(mk.name).id for mk in config.scene.markers}
         self._kp = np.array(config.stiffness)
@@ -284,7 +326,7 @@ class SimFranka(Robot):
             self._gripper_width = command.gripper_width
             # Each finger pushes with at most `force`, so an object between them is squeezed with
             # `force`, like the Franka Hand's grasp force.
-            force = max(command.gripper_force, self.config.gripper_min_force_n)
+            force = self.config.finger_force_n or max(command.gripper_force, self.config.gripper_min_force_n)
             self.model.actuator_forcerange[self._finger_act] = (-force, force)
 
     def stop(self) -> None:
@@ -351,12 +393,53 @@ class SimFranka(Robot):
         self._snapshot(self.clock())
 
     def object_poses(self) -> dict[str, ObjectPose]:
-        """Pose of every object and marker (base frame), as simulated with the latest robot state."""
+        """Pose of every object and marker (base frame), as simulated with the latest robot state; objects
+        say whether the gripper grasps them (`is_grasping`)."""
         self._check()
         with self._lock:
             d, t = self._data, self._state_time
-            bodies = {**self._objects, **self._marker_bodies}
-            return {name: ObjectPose(t, d.xpos[b].copy(), d.xquat[b].copy()) for name, b in bodies.items()}
+            poses = {
+                name: ObjectPose(t, d.xpos[b].copy(), d.xquat[b].copy(), self._grasping(name))
+                for name, b in self._objects.items()
+            }
+            for name, b in self._marker_bodies.items():
+                poses[name] = ObjectPose(t, d.xpos[b].copy(), d.xquat[b].copy())
+            return poses
+
+    def is_grasping(self, name: str) -> bool:
+        """Whether the fingers hold object `name`, as ManiSkill's `Panda.is_grasping` decides: the object
+        pushes each finger with at least `GRASP_MIN_FORCE_N`, within `GRASP_MAX_ANGLE_RAD` of the
+        direction that opens it."""
+        self._check()
+        with self._lock:
+            return self._grasping(name)
+
+    def _grasping(self, name: str) -> bool:
+        """`is_grasping` with the lock held, from the contacts of the last physics step."""
+        mj, m, d = self._mj, self.model, self._data
+        obj = self._object_geoms[name]
+        forces = np.zeros((2, 3))
+        wrench = np.zeros(6)
+        for i in range(d.ncon):
+            contact = d.contact[i]
+            for k, finger in enumerate(self._finger_geoms):
+                # The contact frame's normal points from geom1 to geom2; the force acts on geom2 along it.
+                if contact.geom1 in obj and contact.geom2 in finger:
+                    sign = 1.0
+                elif contact.geom2 in obj and contact.geom1 in finger:
+                    sign = -1.0
+                else:
+                    continue
+                mj.mj_contactForce(m, d, i, wrench)
+                forces[k] += sign * contact.frame.reshape(3, 3).T @ wrench[:3]
+        for k, (joint, opens) in enumerate(zip(self._finger_joints, (1.0, -1.0), strict=True)):
+            norm = float(np.linalg.norm(forces[k]))
+            if norm < GRASP_MIN_FORCE_N:
+                return False
+            cos = float(np.dot(forces[k], opens * d.xaxis[joint])) / norm
+            if cos < np.cos(GRASP_MAX_ANGLE_RAD):
+                return False
+        return True
 
     def inverse_kinematics(
         self, pos: np.ndarray, quat: np.ndarray, seed_q: np.ndarray | None = None

@@ -165,8 +165,13 @@ class SimMarkerConfig:
     after its randomisation, as ManiSkill PushCube places its goal 0.2 m in front of the cube."""
     randomize_xy: tuple[float, float] = (0.0, 0.0)
     """At reset, uniform noise of +-these half-ranges (m) is added to x and y."""
+    randomize_z: float = 0.0
+    """At reset, uniform noise in [0, this] (m) is added to z (ManiSkill PickCube raises its goal by up to
+    0.3 m above the cube's centre height)."""
 
     def __post_init__(self) -> None:
+        if not self.randomize_z >= 0:
+            raise ValueError(f"marker {self.name!r} randomize_z must be >= 0, got {self.randomize_z}")
         sizes = {"cylinder": 2, "box": 3, "sphere": 1}
         if self.shape not in sizes:
             raise ValueError(f"marker {self.name!r} shape must be one of {sorted(sizes)}, got {self.shape!r}")
@@ -336,6 +341,9 @@ class ObjectPose:
     """Position `[3]` (m)."""
     quat: np.ndarray
     """Orientation `[4]` `[w, x, y, z]`."""
+    grasped: bool | None = None
+    """Whether the gripper holds the object (a simulated scene: both fingers press on it, see
+    `SimFranka.is_grasping`); None where the source cannot tell (markers, pose estimators)."""
 
 
 Pose = tuple[np.ndarray, np.ndarray]
@@ -366,6 +374,8 @@ def sample_scene_poses(
             pos[:2] += poses[mk.relative_to][0][:2]
         if rng is not None:
             pos[:2] += rng.uniform(-1.0, 1.0, 2) * np.array(mk.randomize_xy)
+            if mk.randomize_z > 0:  # drawn only when set, so that other scenes keep their seeded episodes
+                pos[2] += rng.uniform(0.0, 1.0) * mk.randomize_z
         poses[mk.name] = (pos, np.array(mk.quat, dtype=np.float64))
     return poses
 

@@ -61,6 +61,23 @@ def test_scene_judge_success_predicate():
         judge.judge({"cube": pose(0.6)})
 
 
+def test_scene_judge_3d_radius_and_static_arm():
+    """ManiSkill PickCube: the cube within 0.025 m of the goal in 3-D, and no arm joint faster than 0.2 rad/s."""
+    from robotft.real_robot.robot import RobotState
+
+    judge = SceneJudge(SuccessConfig(radius_m=0.025, axes="xyz", max_joint_speed_rad_s=0.2))
+    goal = ObjectPose(0.0, np.array([0.6, 0.0, 0.2]), np.array([1.0, 0, 0, 0]))
+    cube = lambda dz: ObjectPose(0.0, np.array([0.6, 0.01, 0.2 + dz]), np.array([1.0, 0, 0, 0]))  # noqa: E731
+    arm = lambda speed: RobotState(0.0, np.zeros(7), np.r_[np.zeros(6), speed], np.zeros(3), np.r_[1.0, 0, 0, 0], 0.04)  # noqa: E731
+    assert judge.judge({"cube": cube(0.02), "goal": goal}, arm(0.0)) == "success"
+    assert judge.judge({"cube": cube(0.03), "goal": goal}, arm(0.0)) is None  # xy within, 3-D not
+    assert judge.judge({"cube": cube(0.02), "goal": goal}, arm(-0.25)) is None  # one joint too fast
+    with pytest.raises(ValueError, match="no robot state"):
+        judge.judge({"cube": cube(0.0), "goal": goal})
+    with pytest.raises(ValueError, match="max_joint_speed_rad_s"):
+        SuccessConfig(max_joint_speed_rad_s=0.0)
+
+
 def test_tally_scores_successes_failures_and_timeouts_only():
     tally = Tally()
     for outcome in ["success", "failure", "timeout", "abort", "success", "stopped", "success"]:

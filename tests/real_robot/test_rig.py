@@ -128,3 +128,56 @@ def test_maniskill_push_cube_names_its_state_and_the_sim_rig_accepts_it():
     # The TCP pose segment is the tcp in ManiSkill's world frame: a downward gripper (|x| ~ 1) in front of x=0.
     tcp = obs[18:25]
     assert abs(tcp[4]) > 0.9 and -0.2 < tcp[0] < 0.2
+
+
+PICK_CUBE_NAMES = tuple(
+    [f"agent/qpos/{i}" for i in range(9)]
+    + [f"agent/qvel/{i}" for i in range(9)]
+    + ["extra/is_grasped"]
+    + [f"extra/tcp_pose/{i}" for i in range(7)]
+    + [f"extra/goal_pos/{i}" for i in range(3)]
+    + [f"extra/obj_pose/{i}" for i in range(7)]
+    + [f"extra/tcp_to_obj_pos/{i}" for i in range(3)]
+    + [f"extra/obj_to_goal_pos/{i}" for i in range(3)]
+)
+"""ManiSkill PickCube-v1's `state` names (checked against the env below)."""
+
+
+def test_pick_cube_rig_builds_grasp_flag_and_relative_positions():
+    rig = load_rig("sim_franka_pick_cube")
+    spec = push_cube_spec(PICK_CUBE_NAMES)
+    spec = EnvSpec(spec.observations, ActionSpec("pd_ee_delta_pos", 4, (-1.0,) * 4, (1.0,) * 4, 20.0, "robot_base"))
+    assert check_rig(rig, spec, ["state"]) == []
+    builder = ObservationBuilder(rig, spec, ["state"])
+    state = RobotState(0.0, np.zeros(7), np.zeros(7), [0.6, 0.1, 0.2], [0.0, 1.0, 0.0, 0.0], 0.04)
+    cube = ObjectPose(0.0, np.array([0.7, -0.05, 0.02]), np.array([1.0, 0.0, 0.0, 0.0]), grasped=True)
+    goal = ObjectPose(0.0, np.array([0.65, 0.05, 0.25]), np.array([1.0, 0.0, 0.0, 0.0]))
+    s = builder.build({"robot": state, "object/cube": cube, "object/goal": goal})["state"]
+    assert s.shape == (42,) and s[18] == 1.0
+    np.testing.assert_allclose(s[26:29], [0.035, 0.05, 0.25], atol=1e-6)  # goal, world frame
+    np.testing.assert_allclose(s[36:39], [0.1, -0.15, -0.18], atol=1e-6)  # cube - tcp
+    np.testing.assert_allclose(s[39:42], [-0.05, 0.1, 0.23], atol=1e-6)  # goal - cube
+    released = dataclasses.replace(cube, grasped=False)
+    assert builder.build({"robot": state, "object/cube": released, "object/goal": goal})["state"][18] == 0.0
+    # Only a simulated scene tells grasps: on hardware (fiducial poses) the flag is refused.
+    hardware = dataclasses.replace(rig, simulated=False)
+    assert any("grasps 'cube'" in p for p in check_rig(hardware, spec, ["state"]))
+
+
+@pytest.mark.maniskill
+def test_maniskill_pick_cube_names_its_state_and_the_pick_rig_accepts_it():
+    from robotft.config import load_env_config
+    from robotft.envs.factory import make_env
+
+    cfg = dataclasses.replace(load_env_config("maniskill/pick_cube"), sim_backend="physx_cpu")
+    env = make_env(cfg)
+    try:
+        obs = env.reset(seed=0)["state"][0].numpy()
+        spec = env.spec
+    finally:
+        env.close()
+    assert spec.observations["state"].names == PICK_CUBE_NAMES
+    assert check_rig(load_rig("sim_franka_pick_cube"), spec, ["state"]) == []
+    # tcp_to_obj_pos = obj - tcp and obj_to_goal_pos = goal - obj, all in the world frame.
+    np.testing.assert_allclose(obs[36:39], obs[29:32] - obs[19:22], atol=1e-5)
+    np.testing.assert_allclose(obs[39:42], obs[26:29] - obs[29:32], atol=1e-5)
