@@ -92,7 +92,8 @@ class PPOConfig:
     joint density of the entries, as CleanRL's Gaussian PPO; clip ranges ~0.2)."""
     lr_schedule: str = "constant"
     """Actor and critic learning-rate schedule over `iterations`: `constant`, or `cosine` (linear warm-up over
-    `lr_warmup_iters`, then cosine decay to `actor_min_lr` / `critic_min_lr` at the last iteration)."""
+    `lr_warmup_iters`, then cosine decay towards `actor_min_lr` / `critic_min_lr`, reached one iteration after the
+    last)."""
     lr_warmup_iters: int = 0
     """Iterations of linear learning-rate warm-up (`cosine` schedule)."""
     actor_min_lr: float = 0.0
@@ -461,10 +462,11 @@ def group_relative_advantages(rewards: torch.Tensor, dones: torch.Tensor, eps: f
 def cosine_with_warmup(iteration: int, total: int, warmup: int, peak: float, floor: float) -> float:
     """Learning rate at `iteration` (0-based) of `total`: linear warm-up to `peak` over the first `warmup`
     iterations (peak · (i + 1) / (warmup + 1)), then cosine decay (Loshchilov & Hutter 2017, arXiv 1608.03983)
-    floor + ½ (peak - floor)(1 + cos(π p)), p going from 0 after the warm-up to 1 at the last iteration."""
+    floor + ½ (peak - floor)(1 + cos(π p)), p going from 0 after the warm-up to 1 one iteration after the last,
+    so that the last iteration still learns (at floor 0 it would not move the policy)."""
     if iteration < warmup:
         return peak * (iteration + 1) / (warmup + 1)
-    span = max(total - 1 - warmup, 1)
+    span = max(total - warmup, 1)
     progress = min(max(iteration - warmup, 0) / span, 1.0)
     return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
 

@@ -119,13 +119,17 @@ def test_reward_clip_bounds_the_stored_rewards():
 
 
 def test_cosine_schedule_warms_up_then_decays_to_the_floor():
-    lrs = [cosine_with_warmup(i, 10, 2, 1.0, 0.1) for i in range(10)]
+    lrs = [cosine_with_warmup(i, 10, 2, 1.0, 0.1) for i in range(11)]
     assert lrs[0] == pytest.approx(1 / 3) and lrs[1] == pytest.approx(2 / 3) and lrs[2] == pytest.approx(1.0)
-    assert lrs[-1] == pytest.approx(0.1) and all(a >= b for a, b in zip(lrs[2:], lrs[3:], strict=False))
+    assert all(a > b for a, b in zip(lrs[2:], lrs[3:], strict=False))
+    # The last iteration (9) still learns above the floor, reached one iteration later.
+    assert lrs[9] > 0.1 and lrs[10] == pytest.approx(0.1)
     ppo, _ = _setup(critic_warmup_iters=0, lr_schedule="cosine", iterations=4, actor_lr=1e-3, actor_min_lr=1e-4,
                     critic_lr=1e-2, critic_min_lr=1e-3)
     seen = []
     for _ in range(4):
         metrics = ppo.update(*ppo.collect()[:2])
         seen.append((metrics["actor_lr"], ppo.actor_opt.param_groups[0]["lr"], ppo.critic_opt.param_groups[0]["lr"]))
-    assert seen[0][:2] == (1e-3, 1e-3) and seen[-1][0] == pytest.approx(1e-4) and seen[-1][2] == pytest.approx(1e-3)
+    last = (cosine_with_warmup(3, 4, 0, 1e-3, 1e-4), cosine_with_warmup(3, 4, 0, 1e-2, 1e-3))
+    assert seen[0][:2] == (1e-3, 1e-3) and seen[-1][0] == pytest.approx(last[0]) and seen[-1][2] == pytest.approx(last[1])
+    assert 1e-4 < seen[-1][0] < seen[-2][0]
