@@ -5,8 +5,8 @@ task preset's recipe (controller, observation history, horizons, steps).
 
 Stages (each skipped when its output exists, so an interrupted benchmark continues where it stopped, and a
 larger `--iterations` extends finished runs):
-  motion-planned demos → diffusion, flow and Gaussian BC (shared by every seed) → a zero-initialised residual on
-  the diffusion BC and a freshly initialised Gaussian policy → one fine-tuning run per method and seed → a final
+  motion-planned demos → diffusion, flow and Gaussian BC (shared by every seed; residual PPO wraps the diffusion
+  BC in a zero residual itself) and a freshly initialised Gaussian policy → one fine-tuning run per method and seed → a final
   evaluation of every BC and of every run's best checkpoint on `--final-episodes` (100) shared start states.
 Writes `<out>/bench_rl.json` (per-run curves, final evaluations with 95% CIs, the mean over seeds) and
 `<out>/bench_rl.png` (success vs env steps and vs wall-clock, with 95% CI bands of the seeds' pooled
@@ -38,18 +38,19 @@ from robotft.runlog import read_metrics  # noqa: E402
 BUDGETS = {
     "smoke": dict(demos=4, bc_steps=20, iterations=1, num_envs=1, steps_per_iter=5, eval_episodes=2, eval_every=1,
                   final_episodes=2, sim_backend="physx_cpu", device="cpu"),
-    "cpu": dict(demos=200, bc_steps=0, iterations=40, num_envs=4, steps_per_iter=50, eval_episodes=50,
+    "cpu": dict(demos=200, bc_steps=0, iterations=40, num_envs=4, steps_per_iter=0, eval_episodes=50,
                 eval_every=10, final_episodes=100, sim_backend="physx_cpu", device="cpu"),
     "gpu": dict(demos=200, bc_steps=0, iterations=100, num_envs=256, steps_per_iter=25, eval_episodes=256,
                 eval_every=10, final_episodes=256, sim_backend="physx_cuda", device="cuda"),
 }
-"""`--budget` presets; any single flag overrides its field. `bc_steps` 0 takes the task recipe's."""
+"""`--budget` presets; any single flag overrides its field. `bc_steps` 0 takes the task recipe's, `steps_per_iter`
+0 each algorithm's own."""
 
 METHODS = {
     "dppo": ("dppo", "diffusion_bc"),
     "reinflow": ("reinflow", "flow_bc"),
     "flow_sde": ("flow_sde", "flow_bc"),
-    "residual_ppo": ("residual_ppo", "residual"),
+    "residual_ppo": ("residual_ppo", "diffusion_bc"),
     "ppo_bc": ("ppo", "gaussian_bc"),
     "ppo_scratch": ("ppo", "gaussian_init"),
 }
@@ -88,24 +89,12 @@ def _sources(args: argparse.Namespace, out: Path, stages: dict, needed: set[str]
                               str(demos), "--seed", "0"], stages)
     common = ["--env", args.env, "--data", str(demos), "--train.eval_episodes", "0", "--train.device", args.device]
     steps = ["--steps", str(args.bc_steps)] if args.bc_steps else []
-    paths = {name: out / name for name in ("diffusion_bc", "flow_bc", "gaussian_bc", "residual", "gaussian_init")}
+    paths = {name: out / name for name in ("diffusion_bc", "flow_bc", "gaussian_bc", "gaussian_init")}
     for name, policy in (("diffusion_bc", "diffusion_mlp"), ("flow_bc", "flow_transformer"),
                          ("gaussian_bc", "gaussian_mlp")):
-        if name in needed or (name == "diffusion_bc" and "residual" in needed):
+        if name in needed:
             _once(paths[name], f"pretrain_{name}",
                   ["pretrain", *common, "--policy", policy, *steps, "--out", str(paths[name])], stages)
-    # ResiP: a zero-initialised residual over the diffusion BC (one step at learning rate 0 writes it), with the
-    # base's observation history and horizons.
-    base = json.loads((paths["diffusion_bc"] / "checkpoint" / "config.json").read_text())["policy"] \
-        if "residual" in needed else {}
-    preset = out / "residual.yaml"
-    preset.write_text(f"type: residual\nbase_checkpoint: {paths['diffusion_bc']}\n"
-                      f"obs_steps: {base.get('obs_steps', 1)}\nhorizon_steps: {base.get('horizon_steps', 4)}\n"
-                      f"act_steps: {base.get('act_steps', 4)}\nhidden_dims: [256, 256]\n")
-    if "residual" in needed:
-        _once(paths["residual"], "residual_init",
-              ["pretrain", *common, "--policy", str(preset), "--steps", "1", "--train.lr", "0", "--out",
-               str(paths["residual"])], stages)
     # Gaussian PPO from scratch: fresh weights; the demos only provide the normalizer's statistics.
     if "gaussian_init" in needed:
         _once(paths["gaussian_init"], "gaussian_init",
@@ -117,8 +106,10 @@ def _sources(args: argparse.Namespace, out: Path, stages: dict, needed: set[str]
 def _finetune_argv(args: argparse.Namespace, algo: str, seed: int, source: Path, run: Path) -> list[str]:
     argv = ["finetune", "--from", str(source), "--algo", algo, "--out", str(run), "--iterations",
             str(args.iterations), "--env.num_envs", str(args.num_envs), "--env.sim_backend", args.sim_backend,
-            "--rl.steps_per_iter", str(args.steps_per_iter), "--device", args.device, "--eval_every",
-            str(args.eval_every), "--eval_episodes", str(args.eval_episodes), "--seed", str(seed)]
+            "--device", args.device, "--eval_every", str(args.eval_every), "--eval_episodes", str(args.eval_episodes),
+            "--seed", str(seed)]
+    if args.steps_per_iter:
+        argv += ["--rl.steps_per_iter", str(args.steps_per_iter)]
     if source.name == "gaussian_init":
         argv += ["--env.reward_mode", args.baseline_reward]
     return argv
