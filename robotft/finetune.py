@@ -153,8 +153,8 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
 
 @dataclasses.dataclass
 class RunStart:
-    """What a fine-tuning run starts from: its source checkpoint (the run's newest when resuming) and the policy
-    built from it."""
+    """What a fine-tuning run starts from: its source checkpoint (the run's newest when resuming), the policy built
+    from it and the `--algo` algorithm over that policy."""
 
     cfg: FinetuneConfig
     """The run config with `env` resolved (the checkpoint's env unless one was given)."""
@@ -164,13 +164,17 @@ class RunStart:
     resuming: bool
     previous: Path | None
     """The run's checkpoint being resumed."""
+    algo: Algorithm | OffPolicyAlgorithm
     policy: Policy
+    """The policy the algorithm trains (`algo.policy`): the checkpoint's, or a residual or noise-steered wrapper
+    around it that the algorithm built."""
 
 
 def load_start(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resume: bool,
                device: torch.device | str) -> RunStart:
-    """Read the source (or, with `resume`, the run's newest checkpoint) and build its policy on `device`;
-    `policy_overrides` apply to a fresh run only (a resumed policy keeps what it was trained with)."""
+    """Read the source (or, with `resume`, the run's newest checkpoint), build its policy and the run's algorithm
+    over it, on `device`; `policy_overrides` apply to a fresh run only (a resumed policy keeps what it was trained
+    with)."""
     from robotft.config import apply_overrides
 
     out = Path(cfg.out)
@@ -186,7 +190,9 @@ def load_start(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, res
         policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.")
     policy = build_policy(policy_cfg, source.spec, source.normalizer)
     ckpt_io.load_weights(policy, source)
-    return RunStart(cfg, source, origin, resuming, previous, policy.to(device))
+    algo = make_algorithm(cfg.algo, policy.to(device), cfg)
+    # Residual PPO, residual SAC and DSRL wrap a plain base policy in a fresh (CPU) module.
+    return RunStart(cfg, source, origin, resuming, previous, algo, algo.policy.to(device))
 
 
 def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resume: bool, ctx: DistContext) -> Path:
@@ -199,9 +205,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     out = Path(cfg.out)
     start = load_start(cfg, policy_overrides, resume, device)
     cfg, source, origin, resuming, policy = start.cfg, start.source, start.origin, start.resuming, start.policy
-    env_cfg, previous = cfg.env, start.previous
-    algo = make_algorithm(cfg.algo, policy, cfg)
-    policy = algo.policy.to(device)  # residual PPO wraps a plain base policy
+    env_cfg, previous, algo = cfg.env, start.previous, start.algo
 
     # With Ray the training envs live on the workers; the learner only holds evaluation envs (rank 0).
     env = make_env(env_cfg, device=device) if cfg.rollout.backend == "inprocess" else None

@@ -59,7 +59,6 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
         iteration_scalars,
         load_start,
         log_eval_and_keep_best,
-        make_algorithm,
         write_learning_curve,
     )
 
@@ -72,9 +71,7 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
     out = Path(cfg.out)
     start = load_start(cfg, policy_overrides, resume, device)
     cfg, source, origin, resuming, policy = start.cfg, start.source, start.origin, start.resuming, start.policy
-    env_cfg, previous = cfg.env, start.previous
-    algo = make_algorithm(cfg.algo, policy, cfg)
-    policy = algo.policy.to(device)  # DSRL and residual SAC wrap a plain base policy
+    env_cfg, previous, algo = cfg.env, start.previous, start.algo
     o = policy.config
 
     env = make_env(env_cfg, device=device)

@@ -95,24 +95,24 @@ class ResidualPolicyConfig(PolicyConfig):
 # --- the embedded base -----------------------------------------------------------------------------
 
 
+def _normalizer_record(normalizer: Normalizer) -> dict[str, Any]:
+    """The normalizer statistics as JSON lists (float32 → Python float → JSON round-trips exactly)."""
+    return {"tensors": {name: t.tolist() for name, t in normalizer.to_tensors().items()},
+            "metadata": normalizer.metadata()}
+
+
 def base_record(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Read a base checkpoint: `(record for config.base, its shipped weights)`. The normalizer statistics go
-    into the record as JSON lists (float32 → Python float → JSON round-trips exactly)."""
+    """Read a base checkpoint: `(record for config.base, its shipped weights)`."""
     ckpt = read_checkpoint(path)
-    normalizer = {
-        "tensors": {name: t.tolist() for name, t in ckpt.normalizer.to_tensors().items()},
-        "metadata": ckpt.normalizer.metadata(),
-    }
-    record = {"policy": ckpt.config["policy"], "spec": ckpt.config["spec"], "normalizer": normalizer}
+    record = {"policy": ckpt.config["policy"], "spec": ckpt.config["spec"],
+              "normalizer": _normalizer_record(ckpt.normalizer)}
     return record, ckpt.model_state
 
 
 def policy_record(policy: Policy) -> dict[str, Any]:
     """The `{"policy", "spec", "normalizer"}` record of an in-memory policy, as `build_base` reads it."""
-    tensors = policy.normalizer.to_tensors()
     return {"policy": to_dict(policy.config), "spec": policy.spec.to_dict(),
-            "normalizer": {"tensors": {k: v.tolist() for k, v in tensors.items()},
-                           "metadata": policy.normalizer.metadata()}}
+            "normalizer": _normalizer_record(policy.normalizer)}
 
 
 def build_base(record: dict[str, Any]) -> Policy:

@@ -135,9 +135,10 @@ class DSRL(OffPolicyAlgorithm):
     def distill_noise_critic(self, obs: Obs, critic: QEnsemble) -> dict[str, float]:
         """One step on Σ_j mean (Q^W_j(o, w) - mean_k Q^A_k(o, decode(o, w)))², half the noises from the prior,
         half from the actor (DSRL-NA)."""
-        n = next(iter(obs.values())).shape[0]
+        obs0 = next(iter(obs.values()))
+        n = obs0.shape[0]
         with torch.no_grad():
-            noise = torch.cat([self._prior_noise(n - n // 2, next(iter(obs.values())).device),
+            noise = torch.cat([self._prior_noise(n - n // 2, obs0.device),
                                self.policy.noise({k: v[: n // 2] for k, v in obs.items()})[0]])
             target = critic(obs, self._critic_action(obs, noise)[1]).mean(dim=0)
         loss = ((self.noise_critic(obs, noise) - target[None]) ** 2).mean(dim=1).sum()

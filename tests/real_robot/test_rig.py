@@ -111,18 +111,21 @@ def test_observation_builder_segments_and_frames():
     np.testing.assert_allclose(s[28:35], [0.085, -0.05, 0.02, 1, 0, 0, 0], atol=1e-6)
 
 
-@pytest.mark.maniskill
-def test_maniskill_push_cube_names_its_state_and_the_sim_rig_accepts_it():
+def _maniskill_first_state(preset: str) -> tuple[np.ndarray, EnvSpec]:
+    """The `state` of env 0 after `reset(seed=0)` of a ManiSkill env preset (CPU physics), and the env's spec."""
     from robotft.config import load_env_config
     from robotft.envs.factory import make_env
 
-    cfg = dataclasses.replace(load_env_config("maniskill/push_cube"), sim_backend="physx_cpu")
-    env = make_env(cfg)
+    env = make_env(dataclasses.replace(load_env_config(preset), sim_backend="physx_cpu"))
     try:
-        obs = env.reset(seed=0)["state"][0].numpy()
-        spec = env.spec
+        return env.reset(seed=0)["state"][0].numpy(), env.spec
     finally:
         env.close()
+
+
+@pytest.mark.maniskill
+def test_maniskill_push_cube_names_its_state_and_the_sim_rig_accepts_it():
+    obs, spec = _maniskill_first_state("maniskill/push_cube")
     assert spec.observations["state"].names == PUSH_CUBE_NAMES
     assert check_rig(load_rig("sim_franka"), spec, ["state"]) == []
     # The TCP pose segment is the tcp in ManiSkill's world frame: a downward gripper (|x| ~ 1) in front of x=0.
@@ -166,16 +169,7 @@ def test_pick_cube_rig_builds_grasp_flag_and_relative_positions():
 
 @pytest.mark.maniskill
 def test_maniskill_pick_cube_names_its_state_and_the_pick_rig_accepts_it():
-    from robotft.config import load_env_config
-    from robotft.envs.factory import make_env
-
-    cfg = dataclasses.replace(load_env_config("maniskill/pick_cube"), sim_backend="physx_cpu")
-    env = make_env(cfg)
-    try:
-        obs = env.reset(seed=0)["state"][0].numpy()
-        spec = env.spec
-    finally:
-        env.close()
+    obs, spec = _maniskill_first_state("maniskill/pick_cube")
     assert spec.observations["state"].names == PICK_CUBE_NAMES
     assert check_rig(load_rig("sim_franka_pick_cube"), spec, ["state"]) == []
     # tcp_to_obj_pos = obj - tcp and obj_to_goal_pos = goal - obj, all in the world frame.
