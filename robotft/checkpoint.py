@@ -31,6 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from robotft.config import EnvConfig, from_dict
 from robotft.datasets.normalizer import Normalizer
 from robotft.specs import EnvSpec
 
@@ -361,6 +362,12 @@ class Checkpoint:
     def spec(self) -> EnvSpec:
         return EnvSpec.from_dict(self.config["spec"])
 
+    def env_config(self) -> EnvConfig | None:
+        """The env config the checkpoint was trained with; None when it was trained without a simulator. A
+        config.json saved while the env's `type` was called `backend` loads too (robotft.config.from_dict)."""
+        env = self.config.get("env")
+        return from_dict(EnvConfig, env, where=f"{self.path / CONFIG_FILE}: env") if env else None
+
     def training_state(self) -> dict[str, Any] | None:
         """Resume state, or None when the checkpoint was saved without one."""
         skeleton_file = self.path / STATE_JSON_FILE
@@ -436,7 +443,6 @@ def load_weights(policy: torch.nn.Module, ckpt: Checkpoint) -> None:
 
 def load_policy(path: str | Path, device: str = "cpu"):
     """Rebuild the policy stored in a checkpoint (or a run directory's newest checkpoint)."""
-    from robotft.config import from_dict
     from robotft.policies.base import build_policy, policy_config_class
 
     ckpt = read_checkpoint(path)

@@ -106,7 +106,7 @@ def check_bounds(cfg: object, where: str = "") -> None:
 
 
 def cmd_data_generate(args: argparse.Namespace, extra: list[str]) -> int:
-    from robotft.datasets.recipe import DatasetRecipe, build_dataset, load_recipe, source_for_backend
+    from robotft.datasets.recipe import DatasetRecipe, build_dataset, load_recipe, source_for_env_type
 
     if args.episodes is not None:
         check_bound("episodes", args.episodes)
@@ -124,7 +124,7 @@ def cmd_data_generate(args: argparse.Namespace, extra: list[str]) -> int:
         if args.out is None:
             raise ConfigError("data generate --env: --out is required (a recipe names its own store)")
         env_cfg = load_env_config(args.env)
-        recipe = DatasetRecipe(source=source_for_backend(env_cfg.backend), env=args.env, env_overrides=env_overrides,
+        recipe = DatasetRecipe(type=source_for_env_type(env_cfg.type), env=args.env, env_overrides=env_overrides,
                                episodes=args.episodes or 100, seed=args.seed or 0)
         out = Path(args.out)
     print(json.dumps(build_dataset(recipe, out, mode=mode), default=str))
@@ -220,7 +220,8 @@ def resolve_pretrain(args: argparse.Namespace, extra: list[str]) -> tuple[Any, A
     env_overrides = {k[len("env."):]: v for k, v in run_overrides.items() if k.startswith("env.")}
     if env_overrides and run["env"] is None:
         raise ConfigError(f"--env.* overrides {sorted(env_overrides)} need --env")
-    recipe = (apply_overrides(from_dict(EnvConfig, run["env"]), env_overrides, prefix="env.").recipe
+    where = f"{args.config}: run.env" if args.config and not args.env else "env"
+    recipe = (apply_overrides(from_dict(EnvConfig, run["env"], where=where), env_overrides, prefix="env.").recipe
               if run["env"] is not None else TaskRecipe())
     if "train" not in run:  # a fresh run: the task's recipe over the training defaults (a saved run has both)
         run["train"] = to_dict(apply_overrides(TrainConfig(), recipe.train, prefix="env.recipe.train.")
@@ -295,7 +296,7 @@ def resolve_finetune(args: argparse.Namespace, extra: list[str]) -> tuple[Any, d
     elif run.get("env") is None and any(k.startswith("env.") for k in run_overrides):
         from robotft.checkpoint import read_checkpoint
 
-        run["env"] = _checkpoint_env(read_checkpoint(run.get("source", "")))
+        run["env"] = to_dict(_checkpoint_env(read_checkpoint(run.get("source", ""))))
     if not run.get("source"):
         raise ConfigError("finetune: --from is required (or --config with a saved run)")
     cfg = from_dict(FinetuneConfig, run, where=str(args.config or "finetune"))
@@ -338,11 +339,12 @@ def cmd_distill(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _checkpoint_env(ckpt) -> dict:
+def _checkpoint_env(ckpt) -> EnvConfig:
     """The env config a checkpoint was trained with; one trained without a simulator needs `--env`."""
-    if not ckpt.config.get("env"):
+    env = ckpt.env_config()
+    if env is None:
         raise ConfigError(f"{ckpt.path}: was trained without a simulator (no env in config.json); pass --env PRESET")
-    return ckpt.config["env"]
+    return env
 
 
 def _check_finetune_out(source: Path, out: Path) -> None:
@@ -378,7 +380,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         if not sep:
             raise ConfigError(f"--env-override expects KEY=VALUE, got {item!r}")
         env_overrides[key] = value
-    env_cfg = load_env_config(args.env) if args.env else from_dict(EnvConfig, _checkpoint_env(ckpt))
+    env_cfg = load_env_config(args.env) if args.env else _checkpoint_env(ckpt)
     env_cfg = dataclasses.replace(env_cfg, num_envs=args.num_envs)
     env_cfg = apply_overrides(env_cfg, env_overrides, prefix="env.") if env_overrides else env_cfg
     env = make_env(env_cfg, device=device)
@@ -547,10 +549,10 @@ def manual_deploy(ns: argparse.Namespace) -> str:
 def manual_data_generate(ns: argparse.Namespace) -> str:
     from robotft.datasets.recipe import SOURCES, DatasetRecipe
 
-    sources = "\n".join(f"  {name:<26} {reg.description}" + (f" (--env {reg.backend}/...)" if reg.backend else "")
+    sources = "\n".join(f"  {name:<26} {reg.description}" + (f" (--env {reg.env_type}/...)" if reg.env_type else "")
                         for name, reg in SOURCES.items())
     return "\n".join([
-        _presets_section("datasets", "RECIPE"), _section("Sources (a recipe's `source:`):", sources),
+        _presets_section("datasets", "RECIPE"), _section("Sources (a recipe's `type:`):", sources),
         _fields_section("Recipe fields (a recipe's keys; --FIELD VALUE overrides one):", DatasetRecipe),
         _presets_section("envs", "--env"),
         _fields_section("Env fields (--env.FIELD VALUE with --env):", EnvConfig, "env."),
@@ -579,7 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="build a dataset from a recipe (datasets/), or demonstrations of an env preset")
     g.add_argument("recipe", nargs="?", default=None,
                    help="recipe: a name in datasets/ (e.g. maniskill/pick_cube) or a YAML file")
-    g.add_argument("--env", default=None, help="instead of a recipe: an env preset, its backend's demo generator")
+    g.add_argument("--env", default=None, help="instead of a recipe: an env preset, its env type's demo generator")
     g.add_argument("-n", "--episodes", type=int, default=None, help="episodes (default: the recipe's, else 100)")
     g.add_argument("--out", default=None, help="store to write (default: the recipe's, data/<recipe>.zarr)")
     g.add_argument("--seed", type=int, default=None, help="first seed (default: the recipe's, else 0)")

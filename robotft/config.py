@@ -220,8 +220,28 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def migrate_type_key(data: dict[str, Any], old_key: str, where: str) -> dict[str, Any]:
+    """`data` with the old name `old_key` of its discriminator renamed to `type`, the one key that names a
+    registered implementation (env presets, rig devices and object-pose sources said `backend:`, dataset
+    recipes `source:`). Saved runs, checkpoints and user YAML files written before the rename load unchanged;
+    giving both keys with different values is an error naming `where` (the file) and both keys."""
+    if old_key not in data:
+        return data
+    out = dict(data)
+    value = out.pop(old_key)
+    if "type" in out and out["type"] != value:
+        raise ConfigError(f"{where}: gives both 'type' ({out['type']!r}) and {old_key!r} ({value!r}), the old name "
+                          "of 'type'; keep only 'type'")
+    return {"type": value, **out}
+
+
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
-    """Build dataclass `cls` from a nested dict; unknown keys are an error naming the key."""
+    """Build dataclass `cls` from a nested dict; unknown keys are an error naming the key. A class whose
+    discriminator `type` was once named otherwise says so in `OLD_TYPE_KEY`; the old key is renamed here
+    (`migrate_type_key`), so every loader accepts files written before the rename."""
+    old_key = getattr(cls, "OLD_TYPE_KEY", None)
+    if old_key is not None:
+        data = migrate_type_key(data, old_key, where or cls.__name__)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
@@ -306,8 +326,8 @@ class DomainRandomizationConfig:
     bit-identical to one without randomization.
 
     Physical fields (friction, mass, object pose, camera, light) are implemented per adapter, and
-    `make_env` refuses a field the chosen backend does not implement. Observation noise, action noise
-    and action latency work on any backend (robotft.envs.randomization).
+    `make_env` refuses a field the chosen env type does not implement. Observation noise, action noise
+    and action latency work on any env type (robotft.envs.randomization).
     Override from the CLI: `--env.randomization.friction_scale [0.5,1.5]` or, in `robotft eval`,
     `--env-override randomization.friction_scale=[0.5,1.5]`.
     """
@@ -385,11 +405,14 @@ class TaskRecipe:
 class EnvConfig:
     """A simulated task: which simulator, which task, how it is controlled and observed."""
 
-    backend: str = "toy"
-    """Simulator adapter: `maniskill`, `robosuite`, `mujoco` (gymnasium locomotion), `isaacgym` (FurnitureSim,
-    untested here) or `toy`."""
+    OLD_TYPE_KEY = "backend"
+    """What `type` was called in env presets and saved configs before (robotft.config.migrate_type_key)."""
+
+    type: str = "toy"
+    """Simulator adapter (a registered env type, robotft.envs.factory): `maniskill`, `robosuite`, `mujoco`
+    (gymnasium locomotion), `isaacgym` (FurnitureSim, untested here) or `toy`."""
     task: str = "nav2d"
-    """Task id inside the backend, e.g. `PushCube-v1` for ManiSkill, `nav2d` for the toy suite."""
+    """Task id inside the simulator, e.g. `PushCube-v1` for ManiSkill, `nav2d` for the toy suite."""
     num_envs: int = 1
     """Parallel environments. ManiSkill CPU and robosuite: one per worker process; ManiSkill GPU: all in one
     process."""

@@ -184,7 +184,9 @@ def load_start(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, res
         print(f"--resume: no checkpoint in {out} yet, starting from {cfg.source}", file=sys.stderr)
     source = ckpt_io.read_checkpoint(previous if resuming else cfg.source)
     origin = source.meta.get("source", str(source.path)) if resuming else str(source.path)
-    cfg = dataclasses.replace(cfg, env=cfg.env or from_dict(EnvConfig, source.config["env"]))
+    cfg = dataclasses.replace(cfg, env=cfg.env or source.env_config())
+    if cfg.env is None:
+        raise ValueError(f"{source.path}: was trained without a simulator (no env in config.json); set the run's env")
     policy_cfg = from_dict(policy_config_class(source.config["policy"]["type"]), source.config["policy"])
     if policy_overrides and not resuming:
         policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.")

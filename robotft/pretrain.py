@@ -180,7 +180,7 @@ def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, overw
         env_spec = _env_spec(cfg.env)
         check_dataset_matches_env(buffer, env_spec, policy_cfg)
         if evaluating:
-            check_env_provides(env_spec, policy_cfg, f"{cfg.env.backend}/{cfg.env.task}")
+            check_env_provides(env_spec, policy_cfg, f"{cfg.env.type}/{cfg.env.task}")
         spec = EnvSpec(observations={k: _with_env_names(buffer.features[k], env_spec.observations.get(k))
                                      for k in policy_cfg.obs_keys}, action=env_spec.action)
     if cfg.rig:

@@ -45,7 +45,7 @@ def random_checkpoint(path: Path) -> Path:
     data = {"state": rng.normal(size=(64, 35)), "action": rng.uniform(-1, 1, (64, 7))}
     normalizer = Normalizer.fit(data, {"state": "minmax", "action": "minmax"})
     policy = build_policy(GaussianPolicyConfig(), spec, normalizer)
-    env = EnvConfig(backend="maniskill", task="PushCube-v1", max_episode_steps=100)
+    env = EnvConfig(type="maniskill", task="PushCube-v1", max_episode_steps=100)
     return write_checkpoint(
         path,
         model_state=policy.export_state_dict(),

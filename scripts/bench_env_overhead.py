@@ -75,7 +75,7 @@ def bench_mujoco(batches: list[int], seconds: float, rounds: int) -> None:
 def bench_maniskill(batches: list[int], seconds: float, rounds: int) -> None:
     from robotft.envs.maniskill import ManiSkillEnv, _RawManiSkill
 
-    cfg = EnvConfig(backend="maniskill", task="PushCube-v1", sim_backend="physx_cpu", max_episode_steps=10**9)
+    cfg = EnvConfig(type="maniskill", task="PushCube-v1", sim_backend="physx_cpu", max_episode_steps=10**9)
     raw_envs = []
     for b in batches:
         while len(raw_envs) < b:

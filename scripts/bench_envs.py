@@ -44,7 +44,7 @@ def bench_maniskill(seconds: float) -> None:
     from robotft.envs.maniskill import ManiSkillEnv
 
     # The episode limit is set high so no truncation happens inside the measurement.
-    cfg = EnvConfig(backend="maniskill", task="PushCube-v1", sim_backend="physx_cpu", max_episode_steps=10**9)
+    cfg = EnvConfig(type="maniskill", task="PushCube-v1", sim_backend="physx_cpu", max_episode_steps=10**9)
     action = torch.zeros(1, 7)
 
     raw = gym.make(

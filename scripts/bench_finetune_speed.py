@@ -127,9 +127,8 @@ def _finetune(args: argparse.Namespace, name: str, bc: Path, run: Path) -> dict:
                          rl=PPOConfig(iterations=args.iterations, steps_per_iter=args.steps_per_iter),
                          dppo=DPPOConfig(ft_denoising_steps=spec["ft_denoising_steps"]))
     from robotft.checkpoint import read_checkpoint
-    from robotft.config import EnvConfig, from_dict
 
-    env = from_dict(EnvConfig, read_checkpoint(bc).config["env"])
+    env = read_checkpoint(bc).env_config()
     cfg = dataclasses.replace(cfg, env=dataclasses.replace(env, num_envs=args.num_envs, sim_backend="physx_cpu"))
     t0 = time.perf_counter()
     with _Legacy() if spec["legacy"] else contextlib.nullcontext():
@@ -195,14 +194,13 @@ def _policy_side(args: argparse.Namespace, name: str, bc: Path) -> dict:
 
 def _final_success(args: argparse.Namespace, name: str, run: Path) -> dict:
     """The final checkpoint over `final_episodes` seeded episodes, evaluated as the configuration evaluates."""
-    from robotft.checkpoint import load_policy, read_checkpoint
-    from robotft.config import EnvConfig, from_dict
+    from robotft.checkpoint import load_policy
     from robotft.envs.chunked import ChunkedEnv
     from robotft.envs.factory import make_env
     from robotft.evaluation import evaluate
 
     policy, ckpt = load_policy(run)
-    env_cfg = from_dict(EnvConfig, read_checkpoint(run).config["env"])
+    env_cfg = ckpt.env_config()
     env = make_env(dataclasses.replace(env_cfg, num_envs=args.num_envs, sim_backend="physx_cpu"))
     try:
         chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)

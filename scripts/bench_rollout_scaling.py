@@ -33,7 +33,7 @@ from robotft.policies.base import build_policy, policy_config_class
 from robotft.rl.ppo import PPO, PPOConfig
 from robotft.rl.rollout import RayCollector, RolloutConfig, worker_setup
 
-ENV = EnvConfig(backend="maniskill", task="PushCube-v1", sim_backend="physx_cpu", control_mode="pd_ee_delta_pose",
+ENV = EnvConfig(type="maniskill", task="PushCube-v1", sim_backend="physx_cpu", control_mode="pd_ee_delta_pose",
                 reward_mode="sparse", max_episode_steps=100)
 
 

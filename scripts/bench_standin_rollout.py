@@ -54,7 +54,7 @@ def _measure(num_envs: int, chunks: int, legacy: bool) -> dict:
 
     adapter.resolve_sim_backend = lambda backend, device="cpu": "physx_cuda"
     env_id = maniskill_standin.register()
-    env = make_env(EnvConfig(backend="maniskill", task=env_id, num_envs=num_envs, max_episode_steps=12,
+    env = make_env(EnvConfig(type="maniskill", task=env_id, num_envs=num_envs, max_episode_steps=12,
                              control_mode="pd_ee_delta_pos"))
     chunked = ChunkedEnv(env, obs_steps=1, act_steps=4)
     if legacy:

@@ -114,7 +114,7 @@ def main() -> None:
         device = torch.device(ctx.device(base))
         torch.manual_seed(ctx.seed(0))
         t0 = time.perf_counter()
-        env = make_env(EnvConfig(backend="maniskill", task=task, num_envs=args.num_envs,
+        env = make_env(EnvConfig(type="maniskill", task=task, num_envs=args.num_envs,
                                  sim_backend="physx_cuda", control_mode="pd_ee_delta_pose", reward_mode="sparse",
                                  max_episode_steps=100), device=str(device))
         env_build_s = time.perf_counter() - t0

@@ -16,7 +16,7 @@ import pytest
 from robotft.cli import build_parser, main, resolve_finetune, resolve_pretrain
 from robotft.config import EnvConfig, list_presets, to_dict
 
-TINY_RECIPE = "# tiny toy demos\nsource: toy_scripted\nenv: toy/nav2d\nepisodes: 8\n"
+TINY_RECIPE = "# tiny toy demos\ntype: toy_scripted\nenv: toy/nav2d\nepisodes: 8\n"
 TINY_BC = ["--env", "toy/nav2d", "--policy", "diffusion_mlp", "--steps", "3", "--train.eval_episodes", "0",
            "--train.batch_size", "8", "--policy.hidden_dims", "16,16", "--train.save_every", "3"]
 

@@ -24,7 +24,7 @@ JITTER = 0.5
 
 
 def toy_env(num_envs: int = 16, image_size: int = IMAGE) -> EnvConfig:
-    return EnvConfig(backend="toy", task="reach2d", num_envs=num_envs, control_mode="velocity_2d",
+    return EnvConfig(type="toy", task="reach2d", num_envs=num_envs, control_mode="velocity_2d",
                      max_episode_steps=40, control_hz=10.0, kwargs={"image_size": image_size, "jitter": JITTER})
 
 

@@ -8,7 +8,7 @@ from robotft.evaluation import evaluate
 
 
 def _env(n):
-    return ChunkedEnv(make_env(EnvConfig(backend="toy", task="nav2d", num_envs=n, max_episode_steps=40)), 1, 1)
+    return ChunkedEnv(make_env(EnvConfig(type="toy", task="nav2d", num_envs=n, max_episode_steps=40)), 1, 1)
 
 
 def test_counts_exactly_the_requested_episodes_and_reports_ci():

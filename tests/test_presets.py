@@ -14,7 +14,7 @@ import pytest
 
 from robotft.config import REPO_ROOT, EnvConfig, load_preset, load_yaml, to_dict
 
-IDENTITY_KEYS = {"type", "backend", "task", "source", "env", "base", "simulated"}
+IDENTITY_KEYS = {"type", "task", "env", "base", "simulated"}
 """Keys a preset may state at their default: what it is (the discriminator, the task, a real or simulated rig)."""
 
 
@@ -91,7 +91,7 @@ def test_base_inheritance_merges_and_detects_loops(tmp_path, monkeypatch):
     from robotft.config import ConfigError, load_env_config
 
     (tmp_path / "envs" / "t").mkdir(parents=True)
-    (tmp_path / "envs" / "t" / "a.yaml").write_text("# A\nbackend: toy\nnum_envs: 3\nrandomization: {obs_noise_std: 0.1}\n")
+    (tmp_path / "envs" / "t" / "a.yaml").write_text("# A\ntype: toy\nnum_envs: 3\nrandomization: {obs_noise_std: 0.1}\n")
     (tmp_path / "envs" / "t" / "b.yaml").write_text("# B\nbase: t/a\nrandomization: {action_noise_std: 0.2}\n")
     (tmp_path / "envs" / "t" / "c.yaml").write_text("# C\nbase: t/d\n")
     (tmp_path / "envs" / "t" / "d.yaml").write_text("# D\nbase: t/c\n")
@@ -163,20 +163,24 @@ def test_wheel_ships_presets(tmp_path):
 
 
 def test_rig_examples_in_docstrings_follow_the_schema():
-    """The YAML examples in the robot and camera config docstrings load as rig presets."""
+    """The YAML examples in the robot, camera and object-pose source config docstrings load as rig presets and
+    name their backend with `type:` (not the old `backend:`, which still loads)."""
     import textwrap
 
     import yaml
 
     from robotft.config import from_dict
+    from robotft.real_robot.fiducial import FiducialConfig
     from robotft.real_robot.franka import FrankaConfig
     from robotft.real_robot.realsense import RealSenseConfig
     from robotft.real_robot.rig import RigConfig
 
-    for cls in (FrankaConfig, RealSenseConfig):
+    for cls, key in ((FrankaConfig, "robot"), (RealSenseConfig, "cameras"), (FiducialConfig, "object_poses")):
         example = yaml.safe_load(textwrap.dedent(cls.__doc__.split("):\n", 1)[1]))
         rig = from_dict(RigConfig, example, where=f"{cls.__name__} docstring")
-        device = rig.robot if "robot" in example else rig.cameras[0]
+        device = {"robot": rig.robot, "object_poses": rig.object_poses}.get(key) or rig.cameras[0]
+        raw = example[key][0] if key == "cameras" else example[key]
+        assert "type" in raw and "backend" not in raw, f"{cls.__name__} docstring: {raw}"
         from_dict(cls, device.config, where=f"{cls.__name__} docstring")
 
 

@@ -85,8 +85,8 @@ def generate_maniskill_demos(
     tried seeds the planner failed on), `replayed` (successful replays), `kept` (episodes written),
     `plan_seconds`, `replay_seconds`, `import_seconds`, `seconds` and `out`.
     """
-    if env_cfg.backend != "maniskill":
-        raise ValueError(f"generate_maniskill_demos needs env.backend='maniskill', got {env_cfg.backend!r}")
+    if env_cfg.type != "maniskill":
+        raise ValueError(f"generate_maniskill_demos needs env.type='maniskill', got {env_cfg.type!r}")
     if n_episodes < 1:
         raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
     t0 = time.perf_counter()
@@ -267,7 +267,7 @@ def import_maniskill_h5(
         control_mode=file_mode or "", dim=act_dim, low=low, high=high, control_hz=fps, frame="robot_base"
     )
     env = {
-        "backend": "maniskill",
+        "type": "maniskill",
         "env_id": env_info["env_id"],
         "env_kwargs": env_kwargs,
         "max_episode_steps": env_info.get("max_episode_steps"),

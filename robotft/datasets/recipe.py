@@ -4,9 +4,10 @@ versioned and rebuilt like any other preset.
     robotft data generate maniskill/pick_cube          # datasets/maniskill/pick_cube.yaml -> data/maniskill/pick_cube.zarr
     robotft pretrain --data maniskill/pick_cube ...    # builds the store first when it is missing
 
-A recipe names a *source* (registered below: one function per way of making episodes) and what that source
-needs: an env preset for generated demonstrations, a file, folder or LeRobot repo id for imports. Adding a
-source is adding one `@register_source` function; adding a recipe is adding one YAML file.
+A recipe names its *source* with `type:` (the sources are registered below: one function per way of making
+episodes) and gives what that source needs: an env preset for generated demonstrations, a file, folder or
+LeRobot repo id for imports. Adding a source is adding one `@register_source` function; adding a recipe is
+adding one YAML file. (Recipes written before `type:` named the source with `source:`; they still load.)
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from robotft.config import (
 class DatasetRecipe:
     """How a dataset store is made (a file in `datasets/`)."""
 
-    source: str = "toy_scripted"
+    OLD_TYPE_KEY = "source"
+    """What `type` was called in recipes before (robotft.config.migrate_type_key)."""
+
+    type: str = "toy_scripted"
     """Where the episodes come from: one of the registered sources (`robotft data generate --help` lists them)."""
     env: str = ""
     """Env preset the demonstrations are generated in (generated sources), e.g. `maniskill/pick_cube`."""
@@ -61,7 +65,7 @@ class DatasetRecipe:
     def env_config(self) -> EnvConfig:
         """The env the demonstrations are generated in: the preset, the overrides, then the controller."""
         if not self.env:
-            raise ConfigError(f"source {self.source!r} needs `env:` (an env preset, e.g. maniskill/pick_cube)")
+            raise ConfigError(f"recipe type {self.type!r} needs `env:` (an env preset, e.g. maniskill/pick_cube)")
         cfg = load_env_config(self.env, {k: str(v) if not isinstance(v, str) else v
                                          for k, v in _dotted(self.env_overrides).items()})
         return dataclasses.replace(cfg, control_mode=self.controller) if self.controller else cfg
@@ -84,7 +88,7 @@ Source = Callable[[DatasetRecipe, Path, str], dict[str, Any]]
 @dataclasses.dataclass(frozen=True)
 class _Registered:
     build: Source
-    backend: str | None
+    env_type: str | None
     description: str
 
 
@@ -92,27 +96,28 @@ SOURCES: dict[str, _Registered] = {}
 """Registered dataset sources by name."""
 
 
-def register_source(name: str, backend: str | None = None) -> Callable[[Source], Source]:
-    """Register a dataset source; `backend` marks it as the demonstration generator of that env backend
-    (what `robotft data generate --env PRESET` uses). The function's first docstring line describes it."""
+def register_source(name: str, env_type: str | None = None) -> Callable[[Source], Source]:
+    """Register a dataset source (a recipe's `type`); `env_type` marks it as the demonstration generator of
+    that env type (what `robotft data generate --env PRESET` uses). The function's first docstring line
+    describes it."""
 
     def deco(fn: Source) -> Source:
-        SOURCES[name] = _Registered(fn, backend, (fn.__doc__ or "").strip().split("\n")[0])
+        SOURCES[name] = _Registered(fn, env_type, (fn.__doc__ or "").strip().split("\n")[0])
         return fn
 
     return deco
 
 
-def source_for_backend(backend: str) -> str:
-    """The registered demonstration generator of an env backend."""
+def source_for_env_type(env_type: str) -> str:
+    """The registered demonstration generator of an env type."""
     for name, reg in SOURCES.items():
-        if reg.backend == backend:
+        if reg.env_type == env_type:
             return name
-    raise ConfigError(f"no demonstration generator for env backend {backend!r}; generators exist for "
-                      f"{sorted(r.backend for r in SOURCES.values() if r.backend)}")
+    raise ConfigError(f"no demonstration generator for env type {env_type!r}; generators exist for "
+                      f"{sorted(r.env_type for r in SOURCES.values() if r.env_type)}")
 
 
-@register_source("maniskill_motion_planner", backend="maniskill")
+@register_source("maniskill_motion_planner", env_type="maniskill")
 def _maniskill_motion_planner(recipe: DatasetRecipe, out: Path, mode: str) -> dict[str, Any]:
     """ManiSkill's motion planner, replayed into the recipe's controller and observation mode."""
     from robotft.datasets.maniskill_demos import generate_maniskill_demos
@@ -120,7 +125,7 @@ def _maniskill_motion_planner(recipe: DatasetRecipe, out: Path, mode: str) -> di
     return generate_maniskill_demos(recipe.env_config(), recipe.episodes, out, seed=recipe.seed, mode=mode)
 
 
-@register_source("robosuite_scripted", backend="robosuite")
+@register_source("robosuite_scripted", env_type="robosuite")
 def _robosuite_scripted(recipe: DatasetRecipe, out: Path, mode: str) -> dict[str, Any]:
     """robotft's scripted robosuite experts (Lift, PickPlaceCan)."""
     from robotft.datasets.robosuite_demos import generate_robosuite_demos
@@ -128,7 +133,7 @@ def _robosuite_scripted(recipe: DatasetRecipe, out: Path, mode: str) -> dict[str
     return generate_robosuite_demos(recipe.env_config(), recipe.episodes, out, seed=recipe.seed, mode=mode)
 
 
-@register_source("toy_scripted", backend="toy")
+@register_source("toy_scripted", env_type="toy")
 def _toy_scripted(recipe: DatasetRecipe, out: Path, mode: str) -> dict[str, Any]:
     """The bimodal scripted expert of the toy 2-D navigation task."""
     from robotft.datasets.recording import record_rollouts, rollout_features
@@ -175,7 +180,7 @@ def _maniskill_h5(recipe: DatasetRecipe, out: Path, mode: str) -> dict[str, Any]
 
 def _need_path(recipe: DatasetRecipe) -> str:
     if not recipe.path:
-        raise ConfigError(f"source {recipe.source!r} needs `path:` (the file, folder or repo id to import)")
+        raise ConfigError(f"recipe type {recipe.type!r} needs `path:` (the file, folder or repo id to import)")
     return recipe.path
 
 
@@ -197,8 +202,8 @@ def load_recipe(name: str, overrides: dict[str, str] | None = None) -> tuple[Dat
     path, data = load_preset("datasets", name)
     recipe = from_dict(DatasetRecipe, data, where=str(path))
     recipe = apply_overrides(recipe, overrides) if overrides else recipe
-    if recipe.source not in SOURCES:
-        raise ConfigError(f"{path}: unknown source {recipe.source!r}; registered: {sorted(SOURCES)}")
+    if recipe.type not in SOURCES:
+        raise ConfigError(f"{path}: unknown type {recipe.type!r}; registered sources: {sorted(SOURCES)}")
     if recipe.out:
         return recipe, Path(recipe.out)
     stem = Path(name).with_suffix("") if name.endswith((".yaml", ".yml")) else Path(name)
@@ -207,11 +212,12 @@ def load_recipe(name: str, overrides: dict[str, str] | None = None) -> tuple[Dat
 
 
 def build_dataset(recipe: DatasetRecipe, out: str | Path, mode: str = "create") -> dict[str, Any]:
-    """Run the recipe's source into the store `out`; returns the source's stats plus `out` and `source`."""
+    """Run the recipe's source into the store `out`; returns the source's stats plus `out` and `source` (the
+    recipe's `type`)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    stats = SOURCES[recipe.source].build(recipe, out, mode)
-    return {**stats, "source": recipe.source, "out": str(out)}
+    stats = SOURCES[recipe.type].build(recipe, out, mode)
+    return {**stats, "source": recipe.type, "out": str(out)}
 
 
 def ensure_dataset(name: str) -> Path:
@@ -220,6 +226,6 @@ def ensure_dataset(name: str) -> Path:
 
     recipe, out = load_recipe(name)
     if not out.exists():
-        print(f"dataset {out} missing: building it from recipe {name!r} ({recipe.source})", file=sys.stderr)
+        print(f"dataset {out} missing: building it from recipe {name!r} ({recipe.type})", file=sys.stderr)
         build_dataset(recipe, out)
     return out

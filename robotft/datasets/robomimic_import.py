@@ -97,7 +97,7 @@ def import_robomimic_hdf5(
             CONTROL_MODE, act_dim, (-1.0,) * act_dim, (1.0,) * act_dim, control_hz=fps, frame="robot_base"
         )
         env = {
-            "backend": "robosuite",
+            "type": "robosuite",
             "task": env_args["env_name"],
             "env_kwargs": env_kwargs,
         }

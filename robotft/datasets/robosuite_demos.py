@@ -178,8 +178,8 @@ def generate_robosuite_demos(
     from robotft.datasets.store import DatasetWriter
     from robotft.envs.factory import make_env
 
-    if env_cfg.backend != "robosuite":
-        raise ValueError(f"generate_robosuite_demos needs env.backend='robosuite', got {env_cfg.backend!r}")
+    if env_cfg.type != "robosuite":
+        raise ValueError(f"generate_robosuite_demos needs env.type='robosuite', got {env_cfg.type!r}")
     if env_cfg.task not in PLANS:
         raise ValueError(f"no scripted robosuite expert for task {env_cfg.task!r}; available: {sorted(PLANS)}")
     env = make_env(dataclasses.replace(env_cfg, num_envs=min(n_episodes, env_cfg.num_envs)), device="cpu")

@@ -34,6 +34,7 @@ import numcodecs
 import numpy as np
 import zarr
 
+from robotft.config import migrate_type_key
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 FORMAT = "robotft-replay-buffer"
@@ -469,8 +470,9 @@ class ReplayBuffer:
 
     @property
     def env(self) -> dict[str, Any]:
-        """Free-form description of the source environment (may be empty)."""
-        return dict(self._attrs.get("env") or {})
+        """Free-form description of the source environment (may be empty); a simulated env's registered name
+        is its `type` (stores written before the rename said `backend`, renamed here)."""
+        return migrate_type_key(dict(self._attrs.get("env") or {}), "backend", f"{self.path}: meta env")
 
     @property
     def source(self) -> str:

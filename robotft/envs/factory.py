@@ -1,4 +1,4 @@
-"""Build a BatchedEnv from an EnvConfig; simulator packages are imported only for the chosen backend."""
+"""Build a BatchedEnv from an EnvConfig; simulator packages are imported only for the chosen env type."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from robotft.optional import require
 
 
 @dataclass(frozen=True)
-class EnvBackend:
-    """A registered simulator adapter."""
+class RegisteredEnv:
+    """A registered simulator adapter: an env type."""
 
     build: Callable[[EnvConfig, str], BatchedEnv]
     """`(env config, device) -> BatchedEnv`; imports the simulator only when called."""
@@ -20,22 +20,22 @@ class EnvBackend:
     """The physical `env.randomization` fields its adapter implements."""
 
 
-BACKENDS: dict[str, EnvBackend] = {}
-"""env.backend name -> EnvBackend."""
+ENV_TYPES: dict[str, RegisteredEnv] = {}
+"""Env type (an env preset's `type:`, `--env.type`) -> RegisteredEnv."""
 
 
-def register_env_backend(name: str, randomizes: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
-    """Register `(cfg, device) -> BatchedEnv` as env backend `name` (a new simulator is one such function plus
+def register_env(name: str, randomizes: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Register `(cfg, device) -> BatchedEnv` as env type `name` (a new simulator is one such function plus
     its adapter module)."""
 
     def deco(build: Callable[[EnvConfig, str], BatchedEnv]) -> Callable[[EnvConfig, str], BatchedEnv]:
-        BACKENDS[name] = EnvBackend(build, randomizes)
+        ENV_TYPES[name] = RegisteredEnv(build, randomizes)
         return build
 
     return deco
 
 
-@register_env_backend("toy")
+@register_env("toy")
 def _make_toy(cfg: EnvConfig, device: str) -> BatchedEnv:
     from robotft.envs.toy import ToyNavEnv
 
@@ -49,31 +49,30 @@ def _make_toy(cfg: EnvConfig, device: str) -> BatchedEnv:
     )
 
 
-@register_env_backend("maniskill", randomizes=("friction_scale", "mass_scale", "object_pos_range",
-                                                "object_yaw_range", "camera_pos_range", "camera_fov_range",
-                                                "light_scale", "color_jitter"))
+@register_env("maniskill", randomizes=("friction_scale", "mass_scale", "object_pos_range", "object_yaw_range",
+                                        "camera_pos_range", "camera_fov_range", "light_scale", "color_jitter"))
 def _make_maniskill(cfg: EnvConfig, device: str) -> BatchedEnv:
-    require("mani_skill", "maniskill", "env backend 'maniskill'")  # fails early, before any worker starts
+    require("mani_skill", "maniskill", "env type 'maniskill'")  # fails early, before any worker starts
     from robotft.envs.maniskill import ManiSkillEnv
 
     return ManiSkillEnv(cfg, device)
 
 
-@register_env_backend("isaacgym", randomizes=("friction_scale", "mass_scale"))
+@register_env("isaacgym", randomizes=("friction_scale", "mass_scale"))
 def _make_isaacgym(cfg: EnvConfig, device: str) -> BatchedEnv:
     from robotft.envs.isaacgym import FurnitureSimEnv
 
     return FurnitureSimEnv(cfg, device)
 
 
-@register_env_backend("mujoco", randomizes=("friction_scale", "mass_scale", "camera_fov_range", "light_scale"))
+@register_env("mujoco", randomizes=("friction_scale", "mass_scale", "camera_fov_range", "light_scale"))
 def _make_mujoco(cfg: EnvConfig, device: str) -> BatchedEnv:
     from robotft.envs.mujoco_locomotion import MujocoLocomotionEnv
 
     return MujocoLocomotionEnv(cfg, device)
 
 
-@register_env_backend("robosuite")
+@register_env("robosuite")
 def _make_robosuite(cfg: EnvConfig, device: str) -> BatchedEnv:
     from robotft.envs.robosuite import RobosuiteEnv
 
@@ -81,20 +80,18 @@ def _make_robosuite(cfg: EnvConfig, device: str) -> BatchedEnv:
 
 
 def make_env(cfg: EnvConfig, device: str = "cpu") -> BatchedEnv:
-    """The BatchedEnv that `cfg.backend` names, with `cfg.num_envs` envs whose tensors live on `device`."""
+    """The BatchedEnv that `cfg.type` names, with `cfg.num_envs` envs whose tensors live on `device`."""
     try:
-        backend = BACKENDS[cfg.backend]
+        registered = ENV_TYPES[cfg.type]
     except KeyError:
-        raise ValueError(
-            f"env.backend {cfg.backend!r} is unknown; available backends: {sorted(BACKENDS)}"
-        ) from None
-    unsupported = sorted(set(cfg.randomization.active_physical()) - set(backend.randomizes))
+        raise ValueError(f"env.type {cfg.type!r} is unknown; available: {sorted(ENV_TYPES)}") from None
+    unsupported = sorted(set(cfg.randomization.active_physical()) - set(registered.randomizes))
     if unsupported:
         raise ValueError(
-            f"env.randomization sets {unsupported}, which the {cfg.backend!r} backend does not implement; it "
-            f"randomizes {list(backend.randomizes)} (plus obs/action noise and action latency)"
+            f"env.randomization sets {unsupported}, which env type {cfg.type!r} does not implement; it "
+            f"randomizes {list(registered.randomizes)} (plus obs/action noise and action latency)"
         )
-    env = backend.build(cfg, device)
+    env = registered.build(cfg, device)
     if cfg.randomization.generic_active:
         from robotft.envs.randomization import RandomizedEnv
 

@@ -1,17 +1,17 @@
 """Robot and camera backends by name, so a rig preset (YAML) can build them.
 
-A rig preset names each backend and fills that backend's config dataclass with a mapping:
+A rig preset names each backend with `type:` and fills that backend's config dataclass with a mapping:
 
-    robot: {backend: sim_franka, config: {scene: {objects: [{name: cube}]}}}   # SimFrankaConfig
-    # robot: {backend: franka, config: {host: 172.16.0.2}}                     # FrankaConfig
+    robot: {type: sim_franka, config: {scene: {objects: [{name: cube}]}}}   # SimFrankaConfig
+    # robot: {type: franka, config: {host: 172.16.0.2}}                     # FrankaConfig
     cameras:
-      - {name: base, backend: sim, config: {width: 128, position: [1.2, 0, 0.6], look_at: [0.5, 0, 0]}}
-      - {name: wrist, backend: realsense, config: {serial: "123456789012"}}    # RealSenseConfig
+      - {name: base, type: sim, config: {width: 128, position: [1.2, 0, 0.6], look_at: [0.5, 0, 0]}}
+      - {name: wrist, type: realsense, config: {serial: "123456789012"}}    # RealSenseConfig
 
     robot = make_robot("sim_franka", {"scene": ...}, safety)
     camera = make_camera("base", "sim", {"width": 128}, robot)
 
-Object poses come from a source by name (`OBJECT_POSE_SOURCES`): `scene` (the simulated robot's own
+Object poses come from a source named by the rig's `object_poses.type` (`OBJECT_POSE_SOURCES`): `scene` (the simulated robot's own
 `object_poses()`) or `fiducial` (ArUco markers seen by one of the rig's cameras):
 
     source = make_object_pose_source(rig, robot, cameras)   # has object_poses() -> {name: ObjectPose}
@@ -56,9 +56,9 @@ class Backend:
 
 
 ROBOTS: dict[str, Backend] = {}
-"""Robot backend name (a rig's `robot.backend`) -> Backend."""
+"""Robot type (a rig's `robot.type`) -> Backend."""
 CAMERAS: dict[str, Backend] = {}
-"""Camera backend name (a rig's `cameras[].backend`) -> Backend."""
+"""Camera type (a rig's `cameras[].type`) -> Backend."""
 
 
 def register_robot(name: str, config_cls: type) -> Callable[[Callable[..., Robot]], Callable[..., Robot]]:
@@ -115,13 +115,11 @@ def _realsense(name: str, cfg: RealSenseConfig, robot: Robot | None, clock: Call
     return RealSenseCamera(name, cfg, clock=clock)
 
 
-def _parse(kind: str, configs: dict[str, type], backend: str, data: Any, where: str) -> Any:
-    """`configs[backend]` filled from a rig mapping (or a config object, passed through)."""
-    if backend not in configs:
-        raise ConfigError(
-            f"{where}.backend: {kind} backend {backend!r} is unknown; available: {sorted(configs)}"
-        )
-    config_cls = configs[backend]
+def _parse(kind: str, configs: dict[str, type], type_name: str, data: Any, where: str) -> Any:
+    """`configs[type_name]` filled from a rig mapping (or a config object, passed through)."""
+    if type_name not in configs:
+        raise ConfigError(f"{where}.type: {kind} type {type_name!r} is unknown; available: {sorted(configs)}")
+    config_cls = configs[type_name]
     if isinstance(data, config_cls):
         return data
     if not isinstance(data, Mapping):
@@ -130,40 +128,42 @@ def _parse(kind: str, configs: dict[str, type], backend: str, data: Any, where: 
 
 
 def parse_robot_config(
-    backend: str, data: Mapping[str, Any] | RobotConfig | None = None, where: str = "robot"
+    robot_type: str, data: Mapping[str, Any] | RobotConfig | None = None, where: str = "robot"
 ) -> RobotConfig:
-    """The config dataclass of robot `backend` from its rig mapping (or a config object, passed through)."""
-    return _parse("robot", {k: v.config_cls for k, v in ROBOTS.items()}, backend, data or {}, where)
+    """The config dataclass of robot type `robot_type` from its rig mapping (or a config object, passed through)."""
+    return _parse("robot", {k: v.config_cls for k, v in ROBOTS.items()}, robot_type, data or {}, where)
 
 
 def parse_camera_config(
-    backend: str, data: Mapping[str, Any] | CameraConfig | None = None, where: str = "camera"
+    camera_type: str, data: Mapping[str, Any] | CameraConfig | None = None, where: str = "camera"
 ) -> CameraConfig:
-    """The config dataclass of camera `backend` from its rig mapping (or a config object, passed through)."""
-    return _parse("camera", {k: v.config_cls for k, v in CAMERAS.items()}, backend, data or {}, where)
+    """The config dataclass of camera type `camera_type` from its rig mapping (or a config object, passed
+    through)."""
+    return _parse("camera", {k: v.config_cls for k, v in CAMERAS.items()}, camera_type, data or {}, where)
 
 
 def make_robot(
-    backend: str,
+    robot_type: str,
     config: Mapping[str, Any] | RobotConfig | None,
     safety: SafetyLayer,
     clock: Callable[[], float] = time.monotonic,
 ) -> Robot:
-    """The (unconnected) robot `backend` (one of ROBOTS) built from `config`, filtering its commands through
-    `safety`."""
-    return ROBOTS[backend].build(parse_robot_config(backend, config), safety, clock)
+    """The (unconnected) robot of type `robot_type` (one of ROBOTS) built from `config`, filtering its commands
+    through `safety`."""
+    return ROBOTS[robot_type].build(parse_robot_config(robot_type, config), safety, clock)
 
 
 def make_camera(
     name: str,
-    backend: str,
+    camera_type: str,
     config: Mapping[str, Any] | CameraConfig | None = None,
     robot: Robot | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Camera:
-    """The (unconnected) camera `backend` (one of CAMERAS) built from `config`, streaming as `name`. A simulated
-    camera renders `robot`'s scene, so it needs the rig's `SimFranka`."""
-    return CAMERAS[backend].build(name, parse_camera_config(backend, config, where=f"cameras.{name}"), robot, clock)
+    """The (unconnected) camera of type `camera_type` (one of CAMERAS) built from `config`, streaming as `name`.
+    A simulated camera renders `robot`'s scene, so it needs the rig's `SimFranka`."""
+    config = parse_camera_config(camera_type, config, where=f"cameras.{name}")
+    return CAMERAS[camera_type].build(name, config, robot, clock)
 
 
 # ---- object-pose sources ---------------------------------------------------------------------------------
@@ -175,10 +175,10 @@ class ScenePosesConfig:
 
 
 def _scene_objects(config: ScenePosesConfig, rig: RigConfig) -> tuple[list[str], list[str]]:
-    if rig.robot.backend != "sim_franka" and rig.objects:
+    if rig.robot.type != "sim_franka" and rig.objects:
         return [], [
             f"object_poses: the `scene` source reads the simulated scene, but the robot is "
-            f"{rig.robot.backend!r}; configure a pose source such as `fiducial` for objects {rig.objects}"
+            f"{rig.robot.type!r}; configure a pose source such as `fiducial` for objects {rig.objects}"
         ]
     return list(rig.objects), []
 
@@ -213,7 +213,7 @@ def _fiducial_source(
 
 @dataclass(frozen=True)
 class PoseSourceBackend:
-    """An object-pose source type."""
+    """A registered object-pose source (a rig's `object_poses.type`)."""
 
     config: type
     """Its config dataclass (filled from the rig's `object_poses.config`)."""
@@ -228,7 +228,7 @@ OBJECT_POSE_SOURCES: dict[str, PoseSourceBackend] = {
     "scene": PoseSourceBackend(ScenePosesConfig, _scene_objects, _scene_source),
     "fiducial": PoseSourceBackend(FiducialConfig, _fiducial_objects, _fiducial_source),
 }
-"""Object-pose source name -> its backend."""
+"""Object-pose source type (a rig's `object_poses.type`) -> PoseSourceBackend."""
 
 
 def parse_object_pose_config(rig: RigConfig) -> Any:
@@ -236,7 +236,7 @@ def parse_object_pose_config(rig: RigConfig) -> Any:
     return _parse(
         "object-pose source",
         {k: v.config for k, v in OBJECT_POSE_SOURCES.items()},
-        rig.object_poses.backend,
+        rig.object_poses.type,
         rig.object_poses.config,
         "object_poses",
     )
@@ -248,11 +248,11 @@ def object_pose_source_problems(rig: RigConfig) -> list[str]:
         config = parse_object_pose_config(rig)
     except (ConfigError, ValueError) as e:
         return [f"object_poses: {e}"]
-    provided, problems = OBJECT_POSE_SOURCES[rig.object_poses.backend].objects(config, rig)
+    provided, problems = OBJECT_POSE_SOURCES[rig.object_poses.type].objects(config, rig)
     missing = [o for o in rig.objects if o not in provided]
     if missing and not problems:
         problems.append(
-            f"object_poses: the {rig.object_poses.backend!r} source does not track objects {missing} "
+            f"object_poses: the {rig.object_poses.type!r} source does not track objects {missing} "
             f"(it tracks {provided})"
         )
     return problems
@@ -264,4 +264,4 @@ def make_object_pose_source(rig: RigConfig, robot: Robot, cameras: Mapping[str, 
     if problems:
         raise ConfigError("; ".join(problems))
     config = parse_object_pose_config(rig)
-    return OBJECT_POSE_SOURCES[rig.object_poses.backend].build(config, rig, robot, cameras)
+    return OBJECT_POSE_SOURCES[rig.object_poses.type].build(config, rig, robot, cameras)

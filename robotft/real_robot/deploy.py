@@ -97,8 +97,8 @@ def make_devices(rig: RigConfig, safety: SafetyLayer) -> tuple[Robot, dict[str, 
     """The rig's robot and cameras, not yet connected (robotft.real_robot.backends)."""
     from robotft.real_robot.backends import make_camera, make_robot
 
-    robot = make_robot(rig.robot.backend, rig.robot.config, safety)
-    cameras = {c.name: make_camera(c.name, c.backend, c.config, robot) for c in rig.cameras}
+    robot = make_robot(rig.robot.type, rig.robot.config, safety)
+    cameras = {c.name: make_camera(c.name, c.type, c.config, robot) for c in rig.cameras}
     return robot, cameras
 
 

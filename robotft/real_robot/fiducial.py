@@ -143,7 +143,7 @@ class FiducialConfig:
 
     Example (YAML in a rig preset):
         object_poses:
-          backend: fiducial
+          type: fiducial
           config:
             camera: base
             dictionary: DICT_4X4_50

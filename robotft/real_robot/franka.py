@@ -57,7 +57,7 @@ class FrankaConfig:
 
     Example (YAML in a rig preset, as in `real_robot/franka_d435.yaml`):
         robot:
-          backend: franka
+          type: franka
           config: {host: 172.16.0.2, translational_stiffness: 800}
     """
 

@@ -47,13 +47,13 @@ def make_lockstep_robot(rig: RigConfig) -> Any:
     watches only the policy (no camera runs in lock-step)."""
     from robotft.real_robot.backends import make_robot, parse_robot_config
 
-    cfg = parse_robot_config(rig.robot.backend, rig.robot.config)
+    cfg = parse_robot_config(rig.robot.type, rig.robot.config)
     if not rig.simulated or not hasattr(cfg, "realtime"):
         raise ValueError(
-            f"rig {rig.name!r}: lock-step needs a simulated robot, got backend {rig.robot.backend!r}"
+            f"rig {rig.name!r}: lock-step needs a simulated robot, got robot type {rig.robot.type!r}"
         )
     safety = SafetyLayer(rig.safety, 1.0 / rig.control_hz, cameras=())
-    return make_robot(rig.robot.backend, replace(cfg, realtime=False), safety)
+    return make_robot(rig.robot.type, replace(cfg, realtime=False), safety)
 
 
 def run_lockstep(

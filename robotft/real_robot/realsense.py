@@ -47,7 +47,7 @@ class RealSenseConfig:
     Example (YAML in a rig preset, as in `real_robot/franka_d435.yaml`):
         cameras:
           - name: base
-            backend: realsense
+            type: realsense
             config: {serial: "123456789012", width: 640, height: 480, fps: 30}
     """
 

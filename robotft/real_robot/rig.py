@@ -1,7 +1,7 @@
 """Rig presets: what a deployment rig is made of and how it feeds a policy (docs/design.md "The sim-to-real contract").
 
 A rig preset is a YAML file in the top-level `real_robot/` folder, found by name like the env and policy
-presets (`--rig sim_franka` finds `real_robot/sim_franka.yaml`). It names the robot backend and its
+presets (`--rig sim_franka` finds `real_robot/sim_franka.yaml`). It names the robot's `type` and its
 config, the cameras, the safety limits, the control rate, the chunk executor, how each of the policy's
 actions is executed (robotft.real_robot.actions), and where each observation comes from:
 
@@ -16,20 +16,22 @@ actions is executed (robotft.real_robot.actions), and where each observation com
 
 A segment covers the checkpoint's per-dimension names equal to it or starting with `segment/`
 (ManiSkill's `state` is named `agent/qpos/0`, ..., `extra/obj_pose/6`, see robotft.envs.maniskill).
-Sources: `robot` (a `RobotState` field), `object` (a pose from the robot backend's `object_poses()`:
-the simulated scene, or a pose estimator on hardware), `constant` (e.g. a fixed goal), `camera`
-(`rgb/<name>` keys). Positions and orientations are in the robot base frame unless a source says
-`frame: world`, which applies `world_from_base` (ManiSkill's world has the robot base at x = -0.615).
-An `object` source may give a position `relative_to` another object or the TCP (ManiSkill PickCube's
-`tcp_to_obj_pos`, `obj_to_goal_pos`), or the `grasped` flag (its `is_grasped`, simulated scenes only).
+A source's `source:` says where its values come from inside the rig (it picks no registered implementation):
+`robot` (a `RobotState` field), `object` (a pose from the rig's object-pose source: the simulated scene, or a
+pose estimator on hardware), `constant` (e.g. a fixed goal), `camera` (`rgb/<name>` keys). Positions and
+orientations are in the robot base frame unless a source says `frame: world`, which applies `world_from_base`
+(ManiSkill's world has the robot base at x = -0.615). An `object` source may give a position `relative_to`
+another object or the TCP (ManiSkill PickCube's `tcp_to_obj_pos`, `obj_to_goal_pos`), or the `grasped` flag
+(its `is_grasped`, simulated scenes only).
 
-Where object poses come from is the rig's `object_poses` source, by name (robotft.real_robot.backends
-`OBJECT_POSE_SOURCES`): `scene` (the default: the robot backend's `object_poses()`, the simulated scene)
-or `fiducial` (printed markers on the objects, seen by a rig camera; robotft.real_robot.fiducial):
+Where object poses come from is the rig's `object_poses` source, named by its `type`
+(robotft.real_robot.backends `OBJECT_POSE_SOURCES`): `scene` (the default: the robot backend's `object_poses()`,
+the simulated scene) or `fiducial` (printed markers on the objects, seen by a rig camera;
+robotft.real_robot.fiducial):
 
     objects: [cube]
     object_poses:
-      backend: fiducial
+      type: fiducial
       config: {camera: base, markers: [{object: cube, id: 0, size_m: 0.03, object_from_marker: {pos: [0, 0, 0.0202]}}]}
 
 `check_rig` lists everything a checkpoint needs that the rig cannot provide; `robotft deploy` refuses
@@ -84,10 +86,14 @@ class RigMismatchError(ValueError):
 
 @dataclass
 class DeviceConfig:
-    """A backend by name and its config (the backend's own dataclass, see robotft.real_robot.backends)."""
+    """A registered robot or camera backend by name (`type`) and its config (the backend's own dataclass, see
+    robotft.real_robot.backends)."""
 
-    backend: str = "sim_franka"
-    """Backend name: robots `sim_franka` or `franka`; cameras `sim` or `realsense`."""
+    OLD_TYPE_KEY = "backend"
+    """What `type` was called in rig presets before (robotft.config.migrate_type_key)."""
+
+    type: str = "sim_franka"
+    """Registered backend: robots `sim_franka` or `franka`; cameras `sim` or `realsense`."""
     config: dict[str, Any] = field(default_factory=dict)
     """Fields of the backend's config dataclass."""
 
@@ -98,7 +104,7 @@ class CameraConfig(DeviceConfig):
 
     name: str = "camera"
     """Stream name: `rgb/<name>` observation key and watchdog source."""
-    backend: str = "sim"
+    type: str = "sim"
     """`sim` (renders the simulated scene) or `realsense`."""
     base_from_camera: Transform = field(default_factory=Transform)
     """Extrinsics: the camera optical frame in the robot base frame (recorded with each dataset)."""
@@ -108,9 +114,12 @@ class CameraConfig(DeviceConfig):
 
 @dataclass
 class ObjectPoseSourceConfig:
-    """Where the poses of the rig's `objects` come from: a source by name and its config."""
+    """Where the poses of the rig's `objects` come from: a registered source by name (`type`) and its config."""
 
-    backend: str = "scene"
+    OLD_TYPE_KEY = "backend"
+    """What `type` was called in rig presets before (robotft.config.migrate_type_key)."""
+
+    type: str = "scene"
     """`scene` (the robot backend's `object_poses()`: the simulated scene) or `fiducial` (ArUco markers
     seen by a rig camera); see robotft.real_robot.backends.OBJECT_POSE_SOURCES."""
     config: dict[str, Any] = field(default_factory=dict)
@@ -250,7 +259,7 @@ class RigConfig:
     simulated: bool = False
     """True for a simulated robot: `--no-operator` is allowed only then (outcomes come from the scene)."""
     robot: DeviceConfig = field(default_factory=DeviceConfig)
-    """The robot backend and its config."""
+    """The robot: its registered `type` and its config."""
     cameras: list[CameraConfig] = field(default_factory=list)
     """Cameras; each is watched by the safety watchdog."""
     objects: list[str] = field(default_factory=list)
@@ -354,12 +363,12 @@ def _source_problems(rig: RigConfig, key: str, src: SourceConfig, size: int | No
             problems.append(
                 f"{where}: needs the pose of object {name!r}, which this rig cannot observe "
                 f"(rig objects: {rig.objects}; on hardware add a pose source, e.g. `object_poses: "
-                "{backend: fiducial}` with a marker on the object, docs/calibration.md)"
+                "{type: fiducial}` with a marker on the object, docs/calibration.md)"
             )
-    if "grasped" in src.fields and not (rig.simulated and rig.object_poses.backend == "scene"):
+    if "grasped" in src.fields and not (rig.simulated and rig.object_poses.type == "scene"):
         problems.append(
             f"{where}: needs whether the gripper grasps {src.object!r}, which only a simulated scene "
-            "(`object_poses: {backend: scene}` on a simulated rig) tells"
+            "(`object_poses: {type: scene}` on a simulated rig) tells"
         )
     if src.source == "camera" and src.camera not in {c.name for c in rig.cameras}:
         problems.append(

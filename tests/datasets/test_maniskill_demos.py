@@ -21,7 +21,7 @@ needs_maniskill = pytest.mark.skipif(
     not HAVE_MANISKILL, reason="mani_skill is not importable (pip install robotft[maniskill])"
 )
 
-ENV = EnvConfig(backend="maniskill", task="PushCube-v1", sim_backend="physx_cpu")
+ENV = EnvConfig(type="maniskill", task="PushCube-v1", sim_backend="physx_cpu")
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,7 @@ def test_same_keys_and_shapes_as_the_adapter(tmp_path):
 
     import_robomimic_hdf5(write_robomimic(tmp_path / "l.hdf5", images=False), tmp_path / "o.zarr")
     buf = ReplayBuffer.open(tmp_path / "o.zarr")
-    with RobosuiteEnv(EnvConfig(backend="robosuite", task="Lift", control_mode="OSC_POSE")) as env:
+    with RobosuiteEnv(EnvConfig(type="robosuite", task="Lift", control_mode="OSC_POSE")) as env:
         spec = env.spec
     assert buf.features["state"].shape == spec.observations["state"].shape
     robot_dims = 9

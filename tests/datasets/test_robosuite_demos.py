@@ -26,7 +26,7 @@ def test_lift_expert_succeeds_at_least_90_percent(tmp_path):
     buf = ReplayBuffer.open(tmp_path / "lift.zarr")
     assert set(buf.keys) == {"state", "action", "reward", "success"} and buf.features["state"].shape == (19,)
     assert buf.action_spec.control_mode == "OSC_POSE" and buf.fps == 20.0 and buf.tasks == ["Lift"]
-    assert buf.env["backend"] == "robosuite" and buf.features["state"].names[0] == "robot0_eef_pos.x"
+    assert buf.env["type"] == "robosuite" and buf.features["state"].names[0] == "robot0_eef_pos.x"
     for i in range(buf.n_episodes):
         ep = buf.episode(i)
         assert 20 < len(ep["action"]) < 150 and ep["success"][-1] and not ep["success"][:-1].any()

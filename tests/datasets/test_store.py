@@ -76,6 +76,18 @@ def test_round_trip(tmp_path):
     assert leftovers(path) == []
 
 
+def test_an_env_recorded_with_the_old_key_reads_as_type(tmp_path):
+    """Stores written before `type` named the simulator recorded `backend`; reading renames it."""
+    from robotft.config import EnvConfig, from_dict
+
+    env = {"backend": "toy", "task": "nav2d", "num_envs": 2}
+    with DatasetWriter(tmp_path / "d.zarr", FEATURES, fps=20.0, action_spec=ACTION_SPEC, env=env) as w:
+        w.add_episode(make_episode(3))
+    buf = ReplayBuffer.open(tmp_path / "d.zarr")
+    assert buf.env == {"type": "toy", "task": "nav2d", "num_envs": 2}
+    assert from_dict(EnvConfig, buf.env) == EnvConfig(type="toy", task="nav2d", num_envs=2)
+
+
 def test_float64_cast_to_float32_and_int_rejected_for_float(tmp_path):
     path = tmp_path / "d.zarr"
     with DatasetWriter(path, FEATURES, fps=10.0) as w:

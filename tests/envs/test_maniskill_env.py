@@ -23,7 +23,7 @@ MAX_STEPS = 8
 
 def push_cube(num_envs: int) -> EnvConfig:
     return EnvConfig(
-        backend="maniskill",
+        type="maniskill",
         task="PushCube-v1",
         num_envs=num_envs,
         sim_backend="physx_cpu",

@@ -28,7 +28,7 @@ def gpu_env(monkeypatch):
     built = []
 
     def build(num_envs: int, max_episode_steps: int = 20, **kwargs):
-        cfg = EnvConfig(backend="maniskill", task=env_id, num_envs=num_envs, max_episode_steps=max_episode_steps,
+        cfg = EnvConfig(type="maniskill", task=env_id, num_envs=num_envs, max_episode_steps=max_episode_steps,
                         control_mode="pd_ee_delta_pos", kwargs=kwargs)
         env = make_env(cfg)
         built.append(env)

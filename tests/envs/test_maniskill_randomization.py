@@ -18,7 +18,7 @@ pytestmark = pytest.mark.maniskill
 
 
 def push_cube(**dr) -> EnvConfig:
-    return EnvConfig(backend="maniskill", task="PushCube-v1", sim_backend="physx_cpu", max_episode_steps=50,
+    return EnvConfig(type="maniskill", task="PushCube-v1", sim_backend="physx_cpu", max_episode_steps=50,
                      randomization=DomainRandomizationConfig(**dr))
 
 

@@ -81,11 +81,11 @@ def test_generic_randomization_is_reproducible_from_the_seed():
 
 
 def test_no_randomization_means_no_wrapper_and_unsupported_fields_are_refused():
-    assert type(make_env(EnvConfig(backend="toy"))) is ToyNavEnv
-    cfg = EnvConfig(backend="toy", randomization=DomainRandomizationConfig(friction_scale=(0.5, 1.5)))
+    assert type(make_env(EnvConfig(type="toy"))) is ToyNavEnv
+    cfg = EnvConfig(type="toy", randomization=DomainRandomizationConfig(friction_scale=(0.5, 1.5)))
     with pytest.raises(ValueError, match="friction_scale.*'toy'"):
         make_env(cfg)
-    wrapped = make_env(EnvConfig(backend="toy", randomization=DomainRandomizationConfig(obs_noise_std=0.1)))
+    wrapped = make_env(EnvConfig(type="toy", randomization=DomainRandomizationConfig(obs_noise_std=0.1)))
     assert isinstance(wrapped, RandomizedEnv)
 
 

@@ -25,7 +25,7 @@ MAX_STEPS = 8
 
 def lift(num_envs: int = 1, **kw) -> EnvConfig:
     return EnvConfig(
-        backend="robosuite", task="Lift", num_envs=num_envs, control_mode="OSC_POSE", max_episode_steps=MAX_STEPS, **kw
+        type="robosuite", task="Lift", num_envs=num_envs, control_mode="OSC_POSE", max_episode_steps=MAX_STEPS, **kw
     )
 
 

@@ -8,7 +8,7 @@ from robotft.envs.chunked import ChunkedEnv
 from robotft.envs.factory import make_env
 from robotft.evaluation import evaluate
 
-NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
+NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
                   control_hz=10.0)
 
 

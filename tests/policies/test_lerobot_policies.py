@@ -23,7 +23,7 @@ from robotft.lerobot.policy import (
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 NAV2D = EnvConfig(
-    backend="toy", task="nav2d", num_envs=1, max_episode_steps=40, control_mode="velocity_2d", control_hz=10.0
+    type="toy", task="nav2d", num_envs=1, max_episode_steps=40, control_mode="velocity_2d", control_hz=10.0
 )
 DIFFUSION_KEYS = {"observation.environment_state": "state"}
 tiny_vlm = lerobot_fixtures.tiny_vlm

@@ -1,4 +1,4 @@
-"""Backends by name: a rig preset's mappings build the right robot and cameras, and mistakes are named."""
+"""Backends by `type`: a rig preset's mappings build the right robot and cameras, and mistakes are named."""
 
 from __future__ import annotations
 
@@ -16,26 +16,26 @@ from robotft.real_robot.sim_franka import SimFranka
 RIG = yaml.safe_load(
     """
 robot:
-  backend: sim_franka
+  type: sim_franka
   config:
     physics_hz: 1000
     scene:
       objects: [{name: cube, half_size: [0.02, 0.02, 0.02], pos: [0.615, 0.0, 0.02], randomize_xy: [0.1, 0.1]}]
       markers: [{name: goal, size: [0.1, 0.001], pos: [0.2, 0.0, 0.001], relative_to: cube}]
 cameras:
-  - {name: base, backend: sim, config: {width: 32, height: 24, fps: 5, position: [1.2, 0, 0.6], look_at: [0.5, 0, 0]}}
-  - {name: wrist, backend: realsense, config: {serial: "123456789012", depth_resolution: [640, 480]}}
+  - {name: base, type: sim, config: {width: 32, height: 24, fps: 5, position: [1.2, 0, 0.6], look_at: [0.5, 0, 0]}}
+  - {name: wrist, type: realsense, config: {serial: "123456789012", depth_resolution: [640, 480]}}
 """
 )
 
 
 def test_a_rig_mapping_builds_its_backends():
     safety = SafetyLayer(SafetyLimits(), 0.1, cameras=("base", "wrist"))
-    robot = make_robot(RIG["robot"]["backend"], RIG["robot"]["config"], safety)
+    robot = make_robot(RIG["robot"]["type"], RIG["robot"]["config"], safety)
     assert isinstance(robot, SimFranka) and robot.safety is safety
     assert robot.config.scene.objects[0].randomize_xy == (0.1, 0.1)
     assert robot.config.scene.markers[0].relative_to == "cube"
-    base, wrist = (make_camera(c["name"], c["backend"], c["config"], robot) for c in RIG["cameras"])
+    base, wrist = (make_camera(c["name"], c["type"], c["config"], robot) for c in RIG["cameras"])
     assert isinstance(base, SimCamera) and base.name == "base" and base.intrinsics.width == 32
     assert isinstance(wrist, RealSenseCamera) and wrist.config.depth_resolution == (640, 480)
     franka = make_robot("franka", {"host": "10.0.0.2"}, safety)
@@ -46,7 +46,7 @@ def test_a_rig_mapping_builds_its_backends():
 def test_mistakes_are_named():
     with pytest.raises(
         ConfigError,
-        match=r"robot.backend: robot backend 'ur5' is unknown; available: \['franka', 'sim_franka'\]",
+        match=r"robot.type: robot type 'ur5' is unknown; available: \['franka', 'sim_franka'\]",
     ):
         parse_robot_config("ur5", {})
     with pytest.raises(ConfigError, match=r"cameras.wrist.config: unknown key\(s\) \['serial_number'\]"):

@@ -55,7 +55,7 @@ def make_checkpoint(path, names=PUSH_CUBE_NAMES, steps: int = 30):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    env = EnvConfig(backend="maniskill", task="PushCube-v1", max_episode_steps=40, control_hz=CONTROL_HZ)
+    env = EnvConfig(type="maniskill", task="PushCube-v1", max_episode_steps=40, control_hz=CONTROL_HZ)
     write_checkpoint(
         path,
         model_state=policy.export_state_dict(),

@@ -17,7 +17,7 @@ from robotft.evaluation import evaluate
 from robotft.finetune import FinetuneConfig, run_finetune
 from robotft.rl.ppo import PPOConfig
 
-TOY_NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
+TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
                       reward_mode="dense", control_hz=10.0)
 
 

@@ -113,7 +113,7 @@ def test_ddim_finetuning_checkpoint_evaluates_without_flags(tmp_path):
     assert main(["pretrain", "--env", "toy/nav2d", "--policy", "diffusion_mlp", "--data", str(demos), "--steps", "20",
                  "--out", str(bc), "--policy.hidden_dims", "32,32", "--train.eval_episodes", "0"]) == 0
     cfg = FinetuneConfig(source=str(bc), out=str(ft), dppo=DPPOConfig(ft_denoising_steps=5),
-                         env=EnvConfig(backend="toy", task="nav2d", num_envs=4, max_episode_steps=40),
+                         env=EnvConfig(type="toy", task="nav2d", num_envs=4, max_episode_steps=40),
                          rl=PPOConfig(iterations=2, steps_per_iter=3, critic_warmup_iters=1), eval_episodes=2)
     run_finetune(cfg, policy_overrides={"sampler": "ddim", "ddim_steps": "5"})
     policy, loaded = ck.load_policy(ft)

@@ -18,7 +18,7 @@ from robotft.rl.dsrl import DSRLConfig
 from robotft.rl.offpolicy import OffPolicyConfig
 from robotft.rl.ppo import PPOConfig
 
-TOY_NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=4, max_episode_steps=12, control_mode="velocity_2d",
+TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=4, max_episode_steps=12, control_mode="velocity_2d",
                       reward_mode="dense", control_hz=10.0)
 tiny_vlm = lerobot_fixtures.tiny_vlm
 lerobot_smolvla_dir = lerobot_fixtures.lerobot_smolvla_dir

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.gpu_semantics
 def _standin_env(monkeypatch, num_envs: int) -> ChunkedEnv:
     env_id = maniskill_standin.register()
     monkeypatch.setattr("robotft.envs.maniskill.resolve_sim_backend", lambda backend, device="cpu": "physx_cuda")
-    cfg = EnvConfig(backend="maniskill", task=env_id, num_envs=num_envs, max_episode_steps=8,
+    cfg = EnvConfig(type="maniskill", task=env_id, num_envs=num_envs, max_episode_steps=8,
                     control_mode="pd_ee_delta_pos")
     return ChunkedEnv(make_env(cfg), obs_steps=1, act_steps=4)
 

@@ -15,7 +15,7 @@ from robotft.rl.offpolicy import OffPolicyConfig
 from robotft.rl.ppo import PPOConfig
 from robotft.runlog import read_metrics
 
-TOY_NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=20, max_episode_steps=40, control_mode="velocity_2d",
+TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=20, max_episode_steps=40, control_mode="velocity_2d",
                       reward_mode="dense", control_hz=10.0)
 SOURCE_OF = {"dppo": "diffusion", "reinflow": "flow", "flow_sde": "flow", "ppo": "gaussian",
              "residual_ppo": "residual", "dsrl": "flow", "pa_rl": "gaussian", "residual_sac": "gaussian",

@@ -19,7 +19,7 @@ from robotft.policies.residual import ResidualPolicy
 from robotft.rl.ppo import PPO, PPOConfig
 
 TOY_NAV2D = EnvConfig(
-    backend="toy",
+    type="toy",
     task="nav2d",
     num_envs=50,
     max_episode_steps=40,

@@ -29,7 +29,7 @@ from robotft.rl.replay import ReplayBatch
 from robotft.rl.residual_sac import ResidualSACConfig
 from robotft.runlog import read_metrics
 
-TOY_NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=50, max_episode_steps=40, control_mode="velocity_2d",
+TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=50, max_episode_steps=40, control_mode="velocity_2d",
                       reward_mode="dense", control_hz=10.0)
 
 # Small networks and a CPU-sized update budget: 50 envs × 4 chunks per iteration, 50 critic steps per iteration.
@@ -200,7 +200,7 @@ def test_pa_rl_distillation_lowers_the_bc_loss_on_the_optimized_actions():
 
 def test_filtered_bc_trains_only_on_successful_episodes():
     """Successful episodes act -1, failed ones +1: filtered BC must pull the policy's mean towards -1 only."""
-    env = ChunkedEnv(make_env(EnvConfig(backend="toy", task="nav2d", num_envs=4, max_episode_steps=40,
+    env = ChunkedEnv(make_env(EnvConfig(type="toy", task="nav2d", num_envs=4, max_episode_steps=40,
                                         control_mode="velocity_2d")), 1, 2)
     norm = Normalizer.fit({"state": torch.randn(50, 4).numpy(), "action": torch.rand(50, 2).numpy() * 2 - 1},
                           {"state": "meanstd", "action": "minmax"})

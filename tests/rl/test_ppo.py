@@ -18,7 +18,7 @@ from robotft.rl.ppo import PPO, PPOConfig, cosine_with_warmup
 
 def _setup(reward_mode: str = "dense", **ppo_kwargs):
     torch.manual_seed(0)
-    env = make_env(EnvConfig(backend="toy", task="nav2d", num_envs=8, max_episode_steps=40, control_mode="velocity_2d",
+    env = make_env(EnvConfig(type="toy", task="nav2d", num_envs=8, max_episode_steps=40, control_mode="velocity_2d",
                              reward_mode=reward_mode))
     norm = Normalizer.fit({"state": np.random.uniform(-1, 1, (100, 4)), "action": np.random.uniform(-1, 1, (100, 2))},
                           {"state": "minmax", "action": "minmax"})

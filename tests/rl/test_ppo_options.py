@@ -19,7 +19,7 @@ from robotft.rl.ppo import PPO, PPOConfig, group_relative_advantages
 def _ppo(**ppo_kwargs) -> PPO:
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    env = make_env(EnvConfig(backend="toy", task="nav2d", num_envs=8, max_episode_steps=8, control_mode="velocity_2d",
+    env = make_env(EnvConfig(type="toy", task="nav2d", num_envs=8, max_episode_steps=8, control_mode="velocity_2d",
                              reward_mode="dense"))
     norm = Normalizer.fit({"state": rng.uniform(-1, 1, (100, 4)), "action": rng.uniform(-1, 1, (100, 2))},
                           {"state": "minmax", "action": "minmax"})

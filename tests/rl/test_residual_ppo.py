@@ -72,7 +72,7 @@ def test_gradients_reach_only_the_residual():
 
 def test_ppo_core_feeds_the_critic_the_base_action():
     """The core calls V(obs, critic_extra(obs, sample)) in rollouts, bootstraps and the value loss."""
-    env = make_env(EnvConfig(backend="toy", task="nav2d", num_envs=4, max_episode_steps=6, control_mode="velocity_2d"))
+    env = make_env(EnvConfig(type="toy", task="nav2d", num_envs=4, max_episode_steps=6, control_mode="velocity_2d"))
     policy = _policy(env.spec, state_dim=4)
     algo = ResidualPPO(policy, ResidualPPOConfig())
     critic = ValueCritic(["state"], 4, policy.normalizer, hidden_dims=(16,), extra_dim=algo.critic_extra_dim)

@@ -28,7 +28,7 @@ from robotft.runlog import read_metrics
 
 ray = pytest.importorskip("ray")
 
-TOY_NAV2D = EnvConfig(backend="toy", task="nav2d", num_envs=6, max_episode_steps=40, control_mode="velocity_2d",
+TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=6, max_episode_steps=40, control_mode="velocity_2d",
                       reward_mode="dense", control_hz=10.0)
 
 ENVS_PER_WORKER = 3
