@@ -1,44 +1,23 @@
-"""Toy-task fixtures shared by the fine-tuning tests: demonstrations, weak BC policies, evaluation.
+"""Toy-task fixtures of the fine-tuning tests: weak BC policies, tiny BC sources and evaluation (the
+demonstrations, BC and fine-tuning runners come from tests/toy_fixtures.py, shared with tests/lerobot).
 
 Each learning test follows one recipe: scripted demos → a deliberately short (weak) BC → fine-tuning with a
 CI-sized budget → the success rate must rise beyond the evaluation noise (400 seeded episodes)."""
 
-import dataclasses
 from pathlib import Path
 
 import pytest
+import toy_fixtures
+from toy_fixtures import TOY_NAV2D
 
 from robotft.checkpoint import load_policy
-from robotft.cli import main
-from robotft.config import EnvConfig
 from robotft.envs.chunked import ChunkedEnv
 from robotft.envs.factory import make_env
 from robotft.evaluation import evaluate
-from robotft.finetune import FinetuneConfig, run_finetune
-from robotft.rl.ppo import PPOConfig
 
-TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=100, max_episode_steps=40, control_mode="velocity_2d",
-                      reward_mode="dense", control_hz=10.0)
-
-
-@pytest.fixture(scope="session")
-def toy_demos(tmp_path_factory) -> Path:
-    """100 scripted (bimodal) nav2d demonstrations, made once per test session."""
-    out = tmp_path_factory.mktemp("toy") / "demos.zarr"
-    assert main(["data", "generate", "--env", "toy/nav2d", "--episodes", "100", "--out", str(out)]) == 0
-    return out
-
-
-@pytest.fixture(scope="session")
-def toy_pretrain(toy_demos):
-    """`toy_pretrain(out, policy, steps, *overrides)` → the BC run directory."""
-
-    def run(out: Path, policy: str, steps: int, *overrides: str) -> Path:
-        assert main(["pretrain", "--env", "toy/nav2d", "--policy", str(policy), "--data", str(toy_demos),
-                     "--steps", str(steps), "--out", str(out), "--train.eval_episodes", "0", *overrides]) == 0
-        return out
-
-    return run
+toy_demos = toy_fixtures.toy_demos
+toy_pretrain = toy_fixtures.toy_pretrain
+toy_finetune = toy_fixtures.toy_finetune
 
 
 @pytest.fixture(scope="session")
@@ -58,24 +37,6 @@ def toy_success():
         env = ChunkedEnv(make_env(TOY_NAV2D), policy.config.obs_steps, policy.config.act_steps)
         return evaluate(lambda o: policy.predict_chunk(o, deterministic=deterministic), env, 400,
                         seed=777).success_rate
-
-    return run
-
-
-@pytest.fixture(scope="session")
-def toy_finetune():
-    """`toy_finetune(source, out, algo, rl, **sections)` fine-tunes on 50 nav2d envs → the run directory.
-    `rl`: a whole PPOConfig, or a dict of fields set over the algorithm's own defaults (budget sizes only, for
-    tests that check the defaults learn)."""
-
-    def run(source: Path, out: Path, algo: str, rl: PPOConfig | dict, **sections) -> Path:
-        if isinstance(rl, dict):
-            rl = dataclasses.replace(FinetuneConfig.for_algorithm(algo).rl, **rl)
-        cfg = FinetuneConfig(source=str(source), out=str(out), algo=algo,
-                             env=dataclasses.replace(TOY_NAV2D, num_envs=50), rl=rl, eval_episodes=0,
-                             save_every=rl.iterations, seed=0, **sections)
-        run_finetune(cfg)
-        return out
 
     return run
 

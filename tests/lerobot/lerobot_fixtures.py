@@ -1,4 +1,4 @@
-"""Tiny LeRobot checkpoints made offline, for the LeRobot policy tests (tests/policies, tests/rl).
+"""Tiny LeRobot checkpoints made offline, for the LeRobot policy and fine-tuning tests (tests/lerobot).
 
 No hub is reachable, so everything is built locally with random weights, the way a user's files look:
 a SmolVLM2-style VLM folder (transformers `smolvlm` config, a word-level tokenizer with SmolVLM's special image
@@ -6,8 +6,8 @@ tokens, an image processor) and LeRobot `pretrained_model` directories written b
 `save_pretrained` (config.json, model.safetensors, policy_preprocessor/postprocessor with the normalizer state).
 Normalization statistics come from toy nav2d rollouts (state [x, y, goal_x, goal_y], 2-D velocity actions).
 
-Test modules import the fixtures they use from here (`from lerobot_fixtures import ...`); the tests folder is
-on sys.path because it holds the root conftest.
+Test modules import the fixtures they use from here (`from lerobot_fixtures import ...`); pytest puts this
+folder on sys.path when it imports the test modules beside it.
 """
 
 import os
