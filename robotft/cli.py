@@ -700,7 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--device", default="auto")
     dep.add_argument("--lockstep", action="store_true",
                      help="simulated rigs: one control period of physics per action instead of real time "
-                          "(no timing effects, no cameras; needs --no-operator)")
+                          "(no timing effects: simulated cameras render each observation in step; needs --no-operator)")
     dep.add_argument("--check", action="store_true",
                      help="print the observation and action mapping and exit (non-zero when the checkpoint "
                           "cannot run on the rig), without connecting to any device")

@@ -339,13 +339,14 @@ def fit_student_normalizer(buffer: ReplayBuffer, policy_cfg: PolicyConfig) -> No
 
 
 def train_student(policy: Policy, optimizer: torch.optim.Optimizer, stores: list[Path], cfg: DistillConfig,
-                  seed: int, device: str) -> float:
-    """`cfg.steps_per_round` BC steps on the union of the round stores; returns the mean loss."""
+                  seed: int, device: str, desc: str = "student") -> float:
+    """`cfg.steps_per_round` BC steps on the union of the round stores, with a progress bar labelled `desc`;
+    returns the mean loss."""
     data = torch.utils.data.ConcatDataset([LabelledWindows(ReplayBuffer.open(p), policy.config) for p in stores])
     batches = infinite_batches(data, cfg.batch_size, seed)
     policy.train()
     losses = []
-    for _ in range(cfg.steps_per_round):
+    for _ in progress_bar(range(cfg.steps_per_round), desc=f"{desc} training", leave=False):
         batch = _to_device(next(batches), device)
         loss, _ = policy.loss(batch)
         optimizer.zero_grad(set_to_none=True)
@@ -452,7 +453,7 @@ def _distill(cfg: DistillConfig, student_cfg: PolicyConfig, teacher: Policy, tea
                 student = build_policy(student_cfg, spec, normalizer).to(device)
                 optimizer = _optimizer(student, cfg)
             t0 = time.perf_counter()
-            loss = train_student(student, optimizer, stores, cfg, cfg.seed + r, device)
+            loss = train_student(student, optimizer, stores, cfg, cfg.seed + r, device, desc=f"round {r + 1}")
             train_s = time.perf_counter() - t0
             scalars = {"distill/beta": beta, "distill/rollout_success_rate": stats.successes / stats.episodes,
                        "distill/dataset_steps": sum(ReplayBuffer.open(p).n_steps for p in stores),

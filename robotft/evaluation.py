@@ -74,6 +74,8 @@ def evaluate(
 
     The first n = min(num_envs, episodes) envs each run an equal share, ceil(episodes / n), of the episodes
     (so short episodes do not crowd out long ones), taken round-robin; the first `episodes` results count.
+    Episode r (in that order) starts from the state of seed `seed + r` (ChunkedEnv.reset's
+    `seed_every_episode`), so an evaluation's start states do not depend on the number of envs it runs on.
     Envs beyond the first n step with the batch (a batched simulator cannot step a subset) but are not
     counted, so 20 episodes on 256 training envs take about one episode's time, not 256 episodes. The
     bookkeeping stays on the env's device (one host read per chunk: whether every count is full).
@@ -95,7 +97,7 @@ def evaluate(
     video = _EpisodeVideos(video_path, env, quota) if video_path is not None else None
     t0 = time.perf_counter()
     env_steps = 0
-    obs = env.reset(seed=seed)
+    obs = env.reset(seed=seed, seed_every_episode=True)
     if video is not None:
         video.start()
     while True:

@@ -4,7 +4,7 @@
 # against the hardware rig real_robot/franka_d435.yaml → deployment on the simulated rig through its
 # simulated camera. Prints each stage's success rate. Outputs go to runs/sim_to_real/ (or $1).
 # Budgets (environment variables): DEMOS, BC_STEPS, ITERATIONS, ROUNDS, ROUND_EPISODES, ROUND_STEPS,
-# EVAL_EPISODES, DEPLOY_EPISODES. The defaults take under an hour on 2 cores.
+# EVAL_EPISODES, DEPLOY_EPISODES; REALTIME=1 deploys on the rig in real time. The defaults take under an hour on 2 cores.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${ROBOTFT_VENV:-$repo/.venv}"
@@ -51,10 +51,13 @@ if [[ "$deploy_help" == *"--check"* ]]; then
   else check="refused (see above)"; fi
 fi
 deploy_episodes="${DEPLOY_EPISODES:-10}"
+# Lock-step (the rig's physics, mapping and renderer without the wall clock) unless REALTIME=1: on a loaded
+# machine real time adds stale camera frames and physics lag to what is measured.
+timing=(--lockstep); [[ "${REALTIME:-0}" == 1 ]] && timing=()
 rig_state=$(robotft deploy "$run/dppo" --rig real_robot/sim_franka.yaml --episodes "$deploy_episodes" \
-  --no-operator --out "$run/deploy_state" | success)
+  --no-operator "${timing[@]}" --out "$run/deploy_state" | success)
 rig_student=$(robotft deploy "$run/distill" --rig "$run/sim_franka_camera.yaml" --episodes "$deploy_episodes" \
-  --no-operator --out "$run/deploy_student" | success)
+  --no-operator "${timing[@]}" --out "$run/deploy_student" | success)
 
 cat <<TXT
 
@@ -63,7 +66,7 @@ PushCube, ManiSkill ($eval_episodes episodes each):
   DPPO fine-tuned (state teacher): $ft
   distilled camera student:        $student
 deploy --check on franka_d435:     $check
-simulated rig (sim_franka, $deploy_episodes episodes each):
+simulated rig (sim_franka, ${timing[*]:-real time}, $deploy_episodes episodes each):
   state policy:                    $rig_state
   camera student:                  $rig_student
 checkpoints: $run/bc, $run/dppo, $run/distill; took $(( ($(date +%s) - start) / 60 )) min

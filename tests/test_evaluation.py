@@ -42,3 +42,23 @@ def test_expert_success_rate_and_determinism():
     a, b = run(), run()
     assert a.success_rate >= 0.9
     assert a.success_rate == b.success_rate and a.mean_return == b.mean_return
+
+
+def test_start_states_do_not_depend_on_the_number_of_envs():
+    """Episode r starts from the state of seed + r on 1, 3 or 8 envs alike, so that pretrain's, finetune's and
+    `robotft eval`'s numbers compare whatever number of envs each ran on."""
+
+    def episode_starts(n, episodes=6, limit=40):
+        seen = []
+
+        def stand_still(o):
+            seen.append(o["state"][:, -1, :4].clone())  # position and goal: the randomized start
+            return torch.zeros(o["state"].shape[0], 1, 2)
+
+        evaluate(stand_still, _env(n), episodes, seed=11)
+        # standing still, every episode lasts `limit` chunks; episode r is env r % n's (r // n)-th
+        return torch.stack([seen[(r // min(n, episodes)) * limit][r % min(n, episodes)] for r in range(episodes)])
+
+    one = episode_starts(1)
+    assert len({tuple(s.tolist()) for s in one}) == 6  # six different start states
+    assert torch.equal(one, episode_starts(3)) and torch.equal(one, episode_starts(8))

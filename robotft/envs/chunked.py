@@ -21,7 +21,8 @@ class ChunkedEnv:
     Seeding (BatchedEnv.reset's rule): `reset(seed)` seeds every env; the partial resets of finished envs
     pass no seed, and the simulator continues the random streams that seed determined, so a whole run is
     reproducible from one seed and an auto-reset costs no re-seeding (on ManiSkill's GPU backend a seed
-    list rebuilds one RNG per env on every call).
+    list rebuilds one RNG per env on every call). `reset(seed, seed_every_episode=True)` (evaluation) seeds the
+    partial resets too, so that start states do not depend on the number of envs.
     """
 
     def __init__(self, env: BatchedEnv, obs_steps: int, act_steps: int) -> None:
@@ -36,6 +37,9 @@ class ChunkedEnv:
         self._episode_return = torch.zeros(env.num_envs, device=env.device)
         self._episode_length = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
         self._success_once = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
+        self._episode_seed: int | None = None
+        """`seed` of a `reset(seed, seed_every_episode=True)`; None: partial resets are not seeded."""
+        self._episodes_started = [0] * env.num_envs
 
     @property
     def num_envs(self) -> int:
@@ -58,8 +62,19 @@ class ChunkedEnv:
         """Episode limit in env steps (not chunks)."""
         return self.env.max_episode_steps
 
-    def reset(self, seed: int | None = None) -> Obs:
-        """Reset every env; returns histories `[B, obs_steps, *shape]` padded with the first frame."""
+    def reset(self, seed: int | None = None, seed_every_episode: bool = False) -> Obs:
+        """Reset every env; returns histories `[B, obs_steps, *shape]` padded with the first frame.
+
+        With `seed_every_episode`, the k-th episode that env i starts (k = 0 for this reset) is seeded with
+        `seed + i + k * num_envs`: episode r of a round-robin count over the envs (evaluation's) starts from the
+        state of seed `seed + r` whatever the number of envs, on every adapter that gives env i of a reset the
+        seed `seed + i` (CPU worker processes, the toy suite, MuJoCo, robosuite). ManiSkill's GPU backend seeds
+        a batch from its first seed, so there the start states still depend on the number of envs. Costs one
+        reset call per finished env."""
+        if seed_every_episode and seed is None:
+            raise ValueError("seed_every_episode needs a seed")
+        self._episode_seed = seed if seed_every_episode else None
+        self._episodes_started = [1] * self.num_envs
         self._history = self._pad(self.env.reset(seed=seed))
         self._episode_return.zero_()
         self._episode_length.zero_()
@@ -167,7 +182,13 @@ class ChunkedEnv:
             self._history[k] = torch.where(mask, rolled, self._history[k])
 
     def _reset_done(self, ids: torch.Tensor) -> None:
-        obs = self.env.reset(seed=None, env_ids=ids)
+        if self._episode_seed is None:
+            obs = self.env.reset(seed=None, env_ids=ids)
+        else:
+            for i in ids.tolist():  # env i of a reset gets `seed + i`: this gives it episode_seed + i + k * B
+                obs = self.env.reset(seed=self._episode_seed + self._episodes_started[i] * self.num_envs,
+                                     env_ids=ids.new_tensor([i]))
+                self._episodes_started[i] += 1
         for k, hist in self._pad({k: v[ids] for k, v in obs.items()}).items():
             self._history[k][ids] = hist
         self._episode_return[ids] = 0.0

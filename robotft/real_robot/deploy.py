@@ -61,7 +61,8 @@ class DeployOptions:
     """Policy device: `auto`, `cpu` or `cuda`."""
     lockstep: bool = False
     """Simulated rigs: step the physics one control period per action instead of in real time
-    (robotft.real_robot.lockstep): no timing effects, no cameras, no recording, no latency report."""
+    (robotft.real_robot.lockstep): no timing effects (simulated cameras render each observation in step), no
+    recording, no latency report."""
 
 
 def check_operator_mode(rig: RigConfig, no_operator: bool, where: str) -> None:

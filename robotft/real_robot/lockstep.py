@@ -5,9 +5,11 @@ predict a chunk, execute `act_steps` actions, each through the rig's action mapp
 followed by exactly one control period of physics (`SimFranka.advance`). Observations come from the
 rig's sources (robotft.real_robot.rig.ObservationBuilder) and success from the rig's scene predicate,
 exactly as in a real-time deployment; what is left out is timing (inference latency, a loaded CPU
-stealing time from the physics thread, camera frame ages) and the cameras. So the lock-step success
-against the training simulator's measures the sim-to-sim gap of the rig itself (scene, robot model,
-controller, mapping), and the real-time run adds the timing on top.
+stealing time from the physics thread, camera frame ages). Simulated cameras render the scene in the calling
+thread at every observation (`SimCamera.snapshot`), so a camera policy sees each frame of the state it acts
+on. So the lock-step success against the training simulator's measures the sim-to-sim gap of the rig itself
+(scene, robot model, controller, mapping, and for camera policies the renderer), and the real-time run adds
+the timing on top.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class LockstepEpisode:
 
 def make_lockstep_robot(rig: RigConfig) -> Any:
     """The rig's simulated robot in lock-step mode (`realtime=False`), not connected; its safety layer
-    watches only the policy (no camera runs in lock-step)."""
+    watches only the policy (cameras render in step with the physics: no frame can be late)."""
     from robotft.real_robot.backends import make_robot, parse_robot_config
 
     cfg = parse_robot_config(rig.robot.type, rig.robot.config)
@@ -72,50 +74,71 @@ def run_lockstep(
         raise ValueError(f"rig {rig.name!r} has no success predicate (key 'success')")
     obs_keys = list(policy.config.obs_keys)
     builder = ObservationBuilder(rig, spec, obs_keys)
-    cameras = [s for s in builder.stream_names if s.startswith("camera/")]
-    if cameras:
-        raise ValueError(f"lock-step runs no cameras, and the policy reads {cameras}: deploy it in real time")
+    cameras = snapshot_cameras(rig, builder, robot)
     mapper = make_mapper(rig.action_mapping(spec.action.control_mode))
     judge = SceneJudge(rig.success)
     dt = 1.0 / rig.control_hz
     act_steps = rig.executor.act_steps or int(policy.config.act_steps)
     obs_steps = int(policy.config.obs_steps)
     results = []
-    for i in range(episodes):
-        robot.reset_episode(seed=seed + i)
-        before = dict(robot.safety.counters)
-        history: collections.deque[dict[str, np.ndarray]] = collections.deque(maxlen=obs_steps)
-        queue: list[np.ndarray] = []
-        outcome, step = "timeout", 0
-        while step < max_steps:
-            obs = builder.build(samples(robot, builder))
-            history.append(obs)
-            while len(history) < obs_steps:
-                history.appendleft(obs)
-            if not queue:
-                queue = list(_predict(policy, history, obs_keys, device)[:act_steps])
-            action = queue.pop(0)
-            now = robot.clock()
-            robot.safety.watchdog.heartbeat("policy", now)
-            robot.send_action(mapper.to_command(action, robot.get_observation(), now + dt))
-            robot.advance(dt)
-            step += 1
-            if judge.judge(robot.object_poses(), robot.get_observation()) == "success":
-                outcome = "success"
-                break
-        counts = {k: v - before.get(k, 0) for k, v in robot.safety.counters.items() if v != before.get(k, 0)}
-        results.append(LockstepEpisode(i, outcome, step, counts))
-        log.info("lock-step episode %d: %s after %d steps; safety %s", i, outcome, step, counts or "none")
+    try:
+        for i in range(episodes):
+            robot.reset_episode(seed=seed + i)
+            before = dict(robot.safety.counters)
+            history: collections.deque[dict[str, np.ndarray]] = collections.deque(maxlen=obs_steps)
+            queue: list[np.ndarray] = []
+            outcome, step = "timeout", 0
+            while step < max_steps:
+                obs = builder.build(samples(robot, builder, cameras))
+                history.append(obs)
+                while len(history) < obs_steps:
+                    history.appendleft(obs)
+                if not queue:
+                    queue = list(_predict(policy, history, obs_keys, device)[:act_steps])
+                action = queue.pop(0)
+                now = robot.clock()
+                robot.safety.watchdog.heartbeat("policy", now)
+                robot.send_action(mapper.to_command(action, robot.get_observation(), now + dt))
+                robot.advance(dt)
+                step += 1
+                if judge.judge(robot.object_poses(), robot.get_observation()) == "success":
+                    outcome = "success"
+                    break
+            counts = {k: v - before.get(k, 0) for k, v in robot.safety.counters.items() if v != before.get(k, 0)}
+            results.append(LockstepEpisode(i, outcome, step, counts))
+            log.info("lock-step episode %d: %s after %d steps; safety %s", i, outcome, step, counts or "none")
+    finally:
+        for camera in cameras.values():
+            camera.close_snapshots()
     return results
 
 
-def samples(robot: Any, builder: ObservationBuilder) -> dict[str, Any]:
-    """One sample per stream the observations need, read from the robot now."""
+def snapshot_cameras(rig: RigConfig, builder: ObservationBuilder, robot: Any) -> dict[str, Any]:
+    """The rig's cameras that the observations read, unconnected, to render in the calling thread
+    (`SimCamera.snapshot`); only simulated cameras can."""
+    from robotft.real_robot.backends import make_camera
+
+    names = [s.removeprefix("camera/") for s in builder.stream_names if s.startswith("camera/")]
+    configs = {c.name: c for c in rig.cameras}
+    cameras = {}
+    for name in names:
+        camera = make_camera(name, configs[name].backend, configs[name].config, robot)
+        if not hasattr(camera, "snapshot"):
+            raise ValueError(f"lock-step renders cameras in step with the physics; camera {name!r} "
+                             f"({configs[name].backend}) is not simulated")
+        cameras[name] = camera
+    return cameras
+
+
+def samples(robot: Any, builder: ObservationBuilder, cameras: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One sample per stream the observations need, read from the robot now (camera frames rendered now)."""
     poses = robot.object_poses()
     out: dict[str, Any] = {"robot": robot.get_observation()}
     for name in builder.stream_names:
         if name.startswith("object/"):
             out[name] = poses[name.removeprefix("object/")]
+        elif name.startswith("camera/"):
+            out[name] = (cameras or {})[name.removeprefix("camera/")].snapshot()
     return out
 
 

@@ -71,23 +71,38 @@ def test_state_policy_keeps_its_maniskill_success_on_the_sim_rig(control_mode):
     assert sum(sum(e.safety.values()) for e in episodes) <= EPISODES, [e.safety for e in episodes]
 
 
-def test_lockstep_refuses_a_camera_policy():
-    from robotft.real_robot.lockstep import run_lockstep
+def test_lockstep_renders_the_cameras_a_policy_reads():
+    """A camera policy runs in lock-step: each observation is rendered from the state it acts on."""
+    from robotft.real_robot.lockstep import make_lockstep_robot, run_lockstep
     from robotft.real_robot.rig import load_rig
     from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
     rig = load_rig("sim_franka")
+    rig.cameras[0].config.update(width=32, height=24)
     rig.observations.append(
         type(rig.observations[0])(
             key="rgb/base",
             unit="rgb8",
-            sources=[type(rig.observations[0].sources[0])(source="camera", camera="base")],
+            sources=[type(rig.observations[0].sources[0])(source="camera", camera=rig.cameras[0].name)],
         )
     )
     spec = EnvSpec(
-        {"rgb/base": FeatureSpec("rgb/base", (128, 128, 3), "uint8", unit="rgb8")},
+        {"rgb/base": FeatureSpec("rgb/base", (24, 32, 3), "uint8", unit="rgb8")},
         ActionSpec("pd_ee_delta_pose", 7, (-1.0,) * 7, (1.0,) * 7, 20.0),
     )
-    policy = SimpleNamespace(config=SimpleNamespace(obs_keys=["rgb/base"], obs_steps=1, act_steps=1))
-    with pytest.raises(ValueError, match="lock-step runs no cameras"):
-        run_lockstep(policy, spec, rig, robot=None, episodes=1, max_steps=1)
+    seen = []
+
+    class MoveUp(torch.nn.Module):
+        config = SimpleNamespace(obs_keys=["rgb/base"], obs_steps=1, act_steps=1)
+
+        def predict_chunk(self, obs, deterministic=True):
+            seen.append(obs["rgb/base"].clone())
+            return torch.tensor([[[0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]]])
+
+    robot = make_lockstep_robot(rig)
+    with robot:
+        episodes = run_lockstep(MoveUp(), spec, rig, robot, episodes=1, max_steps=15)
+    assert episodes[0].steps == 15 and len(seen) == 15
+    assert seen[0].dtype == torch.uint8 and tuple(seen[0].shape) == (1, 1, 24, 32, 3)
+    # the hand rose for 15 control periods: the image of the last state differs from the first
+    assert (seen[-1].float() - seen[0].float()).abs().mean() > 0.5
