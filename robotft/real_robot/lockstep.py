@@ -122,10 +122,10 @@ def snapshot_cameras(rig: RigConfig, builder: ObservationBuilder, robot: Any) ->
     configs = {c.name: c for c in rig.cameras}
     cameras = {}
     for name in names:
-        camera = make_camera(name, configs[name].backend, configs[name].config, robot)
+        camera = make_camera(name, configs[name].type, configs[name].config, robot)
         if not hasattr(camera, "snapshot"):
             raise ValueError(f"lock-step renders cameras in step with the physics; camera {name!r} "
-                             f"({configs[name].backend}) is not simulated")
+                             f"(type {configs[name].type!r}) is not simulated")
         cameras[name] = camera
     return cameras
 
