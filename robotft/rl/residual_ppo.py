@@ -45,15 +45,18 @@ class ResidualPPO(GaussianChunkPPO):
     name = "residual_ppo"
     config_cls = ResidualPPOConfig
     rl_defaults: ClassVar[dict[str, Any]] = {
-        "logprob_reduction": "sum", "clip_eps": 0.2, "actor_lr": 3e-4, "update_epochs": 10, "target_kl": 0.1,
+        "logprob_reduction": "sum", "clip_eps": 0.2, "actor_lr": 3e-5, "update_epochs": 10, "target_kl": 0.1,
         "steps_per_iter": 200, "lr_schedule": "cosine",
     }
-    """ResiP's PPO (arXiv 2407.16677, Table 5): exact joint log-density, clip 0.2, learning rate 3e-4, KL early
-    stop at 0.1 (ResiP runs up to 50 full-batch epochs; 10 epochs of minibatches take similar steps here). Large
-    rollouts (200 chunks per env) and a cosine decay, as measured on PickCube from a 29% BC with 4 CPU envs: 50
-    chunks per env held it at 30-34% (8k-24k env steps); 200 with a constant rate rose to 46% at 112k env steps,
-    then fell to 20% by 160k; 200 with the cosine decay ended at 41% (100 episodes) after 192k. As defaults, 120
-    iterations: 48%, 33% (seeds 0, 2), and 35% for seed 1 at 60 iterations."""
+    """ResiP's PPO (arXiv 2407.16677, Table 5): exact joint log-density, clip 0.2, KL early stop at 0.1 (ResiP runs
+    up to 50 full-batch epochs; 10 epochs of minibatches take similar steps here). The actor learning rate is
+    ResiP's 3e-4 / 10: ResiP scales its residual's output by 0.1, which makes each Adam step move the executed
+    action 10x less relative to σ than here, where the residual acts unscaled with σ₀ = e⁻⁴. Large rollouts (200
+    chunks per env) and a cosine decay. Measured on PickCube from a 29% BC with 4 CPU envs, 120 iterations
+    (384k env steps), 100-episode evaluations: at 3e-4, 48%, 33% (seeds 0, 2; seed 1 at 60 iterations 35%), 97
+    of 120 updates stopped by the KL limit and clip fractions of 0.3-0.4; at 3e-5, 49% and 43% (seeds 2, 1).
+    Earlier, at 3e-4: 50 chunks per env held it at 30-34%; 200 with a constant rate rose to 46% at 112k env
+    steps, then fell to 20% by 160k."""
 
     def __init__(self, policy: ResidualPolicy, cfg: ResidualPPOConfig) -> None:
         if not isinstance(policy, ResidualPolicy):
