@@ -198,6 +198,8 @@ class SimSceneConfig:
     """Half-extents of the table top in x and y (m)."""
     table_friction: float = 0.3
     """Sliding friction coefficient of the table top (SAPIEN's default material, as ManiSkill's table)."""
+    table_rgba: tuple[float, float, float, float] = (0.55, 0.45, 0.35, 1.0)
+    """Colour of the table top as the rig's cameras render it (what a camera policy sees of the table)."""
     objects: list[SimObjectConfig] = field(default_factory=list)
     """Free-body boxes."""
     markers: list[SimMarkerConfig] = field(default_factory=list)
@@ -206,6 +208,8 @@ class SimSceneConfig:
     """Printed ArUco markers on objects or robot links (robotft.real_robot.sim_fiducials)."""
 
     def __post_init__(self) -> None:
+        if len(self.table_rgba) != 4 or not all(0 <= c <= 1 for c in self.table_rgba):
+            raise ValueError(f"scene table_rgba must be 4 values in [0, 1], got {list(self.table_rgba)}")
         names = [o.name for o in self.objects] + [m.name for m in self.markers]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -260,7 +264,7 @@ def build_model(scene: SimSceneConfig, physics_hz: float, flange_to_tcp_m: float
         type=mujoco.mjtGeom.mjGEOM_BOX,
         size=[*scene.table_half_size, table_h],
         pos=[*scene.table_center_xy, scene.table_top_z - table_h],
-        rgba=[0.55, 0.45, 0.35, 1.0],
+        rgba=list(scene.table_rgba),
         friction=[scene.table_friction, 0.005, 0.0001],
         solref=list(STIFF_CONTACT_SOLREF),
         solimp=list(STIFF_CONTACT_SOLIMP),

@@ -86,3 +86,19 @@ def test_a_model_camera_moves_with_the_hand_and_unknown_names_are_refused(robot)
         # The wrist camera looks down (OpenCV z axis) from near the TCP.
         assert pose[2, 2] < -0.9
         assert np.linalg.norm(pose[:3, 3] - robot.get_observation().ee_pos) < 0.2
+
+
+def test_the_table_colour_is_what_the_camera_renders():
+    """`scene.table_rgba` sets the table a camera policy sees (a rig's stand-in for the training scene's table)."""
+    cfg = SimCameraConfig(width=32, height=24, position=(1.2, 0.0, 0.6), look_at=(0.5, 0.0, 0.0))
+    means = []
+    for rgba in ((0.9, 0.1, 0.1, 1.0), (0.1, 0.1, 0.9, 1.0)):
+        scene = SimSceneConfig(table_rgba=rgba)
+        robot = SimFranka(SimFrankaConfig(scene=scene, realtime=False), SafetyLayer(SafetyLimits(), 0.1, cameras=()))
+        with robot:
+            camera = SimCamera("base", cfg, robot)
+            means.append(camera.snapshot().color[18:, :].reshape(-1, 3).mean(0))  # the table in front
+            camera.close_snapshots()
+    assert means[0][0] > means[0][2] + 50 and means[1][2] > means[1][0] + 50, means
+    with pytest.raises(ValueError, match="table_rgba"):
+        SimSceneConfig(table_rgba=(1.2, 0.0, 0.0, 1.0))
