@@ -7,10 +7,10 @@ import dataclasses
 import lerobot_fixtures
 import pytest
 import torch
+import toy_fixtures
 from lerobot_fixtures import TASK
 
 from robotft.checkpoint import load_policy, read_checkpoint
-from robotft.config import EnvConfig
 from robotft.envs.chunked import ChunkedEnv
 from robotft.envs.factory import make_env
 from robotft.finetune import FinetuneConfig, make_algorithm, make_critic
@@ -18,15 +18,7 @@ from robotft.lerobot.policy import LeRobotDiffusion, LeRobotSmolVLA, import_lero
 from robotft.policies.residual import ResidualPolicy
 from robotft.rl.ppo import PPO, PPOConfig
 
-TOY_NAV2D = EnvConfig(
-    type="toy",
-    task="nav2d",
-    num_envs=50,
-    max_episode_steps=40,
-    control_mode="velocity_2d",
-    reward_mode="dense",
-    control_hz=10.0,
-)
+TOY_NAV2D = dataclasses.replace(toy_fixtures.TOY_NAV2D, num_envs=50)
 tiny_vlm = lerobot_fixtures.tiny_vlm
 lerobot_diffusion_dir = lerobot_fixtures.lerobot_diffusion_dir
 lerobot_smolvla_dir = lerobot_fixtures.lerobot_smolvla_dir
