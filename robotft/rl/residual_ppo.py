@@ -54,7 +54,7 @@ class ResidualPPO(GaussianChunkPPO):
     action 10x less relative to σ than here, where the residual acts unscaled with σ₀ = e⁻⁴. Large rollouts (200
     chunks per env) and a cosine decay. Measured on PickCube from a 29% BC with 4 CPU envs, 120 iterations
     (384k env steps), 100-episode evaluations: at 3e-4, 48%, 33% (seeds 0, 2; seed 1 at 60 iterations 35%), 97
-    of 120 updates stopped by the KL limit and clip fractions of 0.3-0.4; at 3e-5, 49% and 43% (seeds 2, 1).
+    of 120 updates stopped by the KL limit and clip fractions of 0.3-0.4; at 3e-5, 49%, 43% and 41% (seeds 2, 1, 0).
     Earlier, at 3e-4: 50 chunks per env held it at 30-34%; 200 with a constant rate rose to 46% at 112k env
     steps, then fell to 20% by 160k."""
 
