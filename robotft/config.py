@@ -352,6 +352,9 @@ class DomainRandomizationConfig:
     color_jitter: float = 0.0
     """Half-width of a uniform offset added to each RGB channel (0-1) of every object's colour at each reset,
     the same offset for all shapes of one object (where the renderer allows)."""
+    texture_swap_prob: float = 0.0
+    """Probability, per textured object (ManiSkill: the table and the floor) and reset, that its image texture is
+    replaced by a uniformly random flat colour (Tobin et al. 2017's random textures)."""
     obs_noise_std: float = 0.0
     """Std of Gaussian noise added to the `state` observation at every step (state units; images untouched)."""
     action_noise_std: float = 0.0
@@ -361,7 +364,7 @@ class DomainRandomizationConfig:
     until the first commanded action arrives the env receives the midpoint of the action bounds."""
 
     PHYSICAL = ("friction_scale", "mass_scale", "object_pos_range", "object_yaw_range", "camera_pos_range",
-                "camera_fov_range", "light_scale", "color_jitter")
+                "camera_fov_range", "light_scale", "color_jitter", "texture_swap_prob")
     """Fields each adapter implements itself (or refuses)."""
 
     def __post_init__(self) -> None:
@@ -375,6 +378,8 @@ class DomainRandomizationConfig:
                      "action_noise_std", "color_jitter"):
             if getattr(self, name) < 0:
                 raise ValueError(f"env.randomization.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.texture_swap_prob <= 1.0:
+            raise ValueError(f"env.randomization.texture_swap_prob must be in [0, 1], got {self.texture_swap_prob}")
 
     def active_physical(self) -> list[str]:
         """Names of the physical fields that differ from their no-op default."""

@@ -50,7 +50,8 @@ def _make_toy(cfg: EnvConfig, device: str) -> BatchedEnv:
 
 
 @register_env("maniskill", randomizes=("friction_scale", "mass_scale", "object_pos_range", "object_yaw_range",
-                                        "camera_pos_range", "camera_fov_range", "light_scale", "color_jitter"))
+                                        "camera_pos_range", "camera_fov_range", "light_scale", "color_jitter",
+                                        "texture_swap_prob"))
 def _make_maniskill(cfg: EnvConfig, device: str) -> BatchedEnv:
     require("mani_skill", "maniskill", "env type 'maniskill'")  # fails early, before any worker starts
     from robotft.envs.maniskill import ManiSkillEnv

@@ -19,6 +19,10 @@ What ManiSkill 3.0.1 allows, and how each `DomainRandomizationConfig` field is a
   builds them in each task's `_load_lighting`) get their nominal colour times a fresh factor. CPU backend only.
 - `color_jitter`: likewise, every actor's render materials (cube, goal marker, table, ground) get their nominal
   base colour plus one uniform RGB offset per actor, clipped to [0, 1]. CPU backend only.
+- `texture_swap_prob`: each actor drawn with an image texture (the table's wood, the floor's tiles) has, with
+  this probability per reset, its textures removed and its base colour set to a uniform random RGB (Tobin et
+  al. 2017's random textures, as flat colours); otherwise its nominal textures come back. A student that must
+  ignore the table's look transfers to a rig whose table looks different. CPU backend only.
 Lights and colours are render state: they change the camera images, not the physics, and need no rebuild.
 """
 
@@ -33,7 +37,8 @@ import torch
 
 from robotft.config import DomainRandomizationConfig
 
-_CPU_ONLY = ("friction_scale", "mass_scale", "camera_pos_range", "camera_fov_range", "light_scale", "color_jitter")
+_CPU_ONLY = ("friction_scale", "mass_scale", "camera_pos_range", "camera_fov_range", "light_scale", "color_jitter",
+             "texture_swap_prob")
 _CAMERA_STREAM = 0xCA3
 
 
@@ -61,7 +66,8 @@ class ManiSkillRandomizer:
         self._render_scene: Any = None
         self._lights: list[tuple[Any, np.ndarray]] = []
         self._ambient: list[tuple[Any, np.ndarray]] = []
-        self._materials: dict[str, list[tuple[Any, np.ndarray]]] = {}
+        self._materials: dict[str, list[tuple[Any, np.ndarray, Any]]] = {}
+        """Per actor name: (material, nominal base colour, nominal base-colour texture or None)."""
         task_initialize = env._initialize_episode
 
         def initialize_episode(env_idx: torch.Tensor, options: dict) -> None:
@@ -98,12 +104,12 @@ class ManiSkillRandomizer:
                 self._perturb_pose(actor)
             if cfg.friction_scale != (1.0, 1.0) or cfg.mass_scale != (1.0, 1.0):
                 self._scale_physics(name, actor)
-        if cfg.light_scale != (1.0, 1.0) or cfg.color_jitter > 0:
+        if cfg.light_scale != (1.0, 1.0) or cfg.color_jitter > 0 or cfg.texture_swap_prob > 0:
             self._randomize_render()
 
     def _randomize_render(self) -> None:
-        """Scale the lights and jitter the object colours from their nominal values (drawn with torch's RNG,
-        which ManiSkill seeds per episode)."""
+        """Scale the lights, jitter the object colours and swap textures for flat colours, from their nominal
+        values (drawn with torch's RNG, which ManiSkill seeds per episode)."""
         if self._render_scene is not self.env.scene:
             self._record_render_nominals()
         lo, hi = self.cfg.light_scale
@@ -112,11 +118,17 @@ class ManiSkillRandomizer:
             system.ambient_light = (ambient * factor).tolist()
         for light, color in self._lights:
             light.color = (color * factor).tolist()
-        c = self.cfg.color_jitter
+        c, swap_prob = self.cfg.color_jitter, self.cfg.texture_swap_prob
         for materials in self._materials.values():
             offset = (torch.rand(3).numpy() * 2 - 1) * c
-            for material, color in materials:
-                material.base_color = [*np.clip(color[:3] + offset, 0.0, 1.0).tolist(), float(color[3])]
+            textured = any(texture is not None for _, _, texture in materials)
+            # No draw for untextured actors or a zero probability: the defaults leave the RNG stream as it was.
+            flat = torch.rand(3).numpy() if textured and swap_prob > 0 and float(torch.rand(1)) < swap_prob else None
+            for material, color, texture in materials:
+                if texture is not None:
+                    material.base_color_texture = None if flat is not None else texture
+                rgb = flat if flat is not None and texture is not None else np.clip(color[:3] + offset, 0.0, 1.0)
+                material.base_color = [*rgb.tolist(), float(color[3])]
 
     def _record_render_nominals(self) -> None:
         import sapien
@@ -135,7 +147,8 @@ class ManiSkillRandomizer:
                 body = entity.find_component_by_type(sapien.render.RenderBodyComponent)
                 for shape in [] if body is None else body.render_shapes:
                     parts = shape.parts if hasattr(shape, "parts") else [shape]
-                    materials += [(p.material, np.asarray(p.material.base_color, dtype=float)) for p in parts]
+                    materials += [(p.material, np.asarray(p.material.base_color, dtype=float),
+                                   p.material.base_color_texture) for p in parts]
             if materials:
                 self._materials[name] = materials
 

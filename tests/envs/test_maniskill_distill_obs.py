@@ -49,7 +49,7 @@ def test_privileged_state_is_the_state_mode_vector_and_render_randomization_is_s
                 assert image.mean().item() == pytest.approx(brightness[seed])  # the same draw for the same seed
             brightness[seed] = image.mean().item()
             for materials in randomizer._materials.values():
-                for material, nominal in materials:
+                for material, nominal, _ in materials:
                     shift = np.asarray(material.base_color[:3]) - np.clip(nominal[:3], 0, 1)
                     assert np.all(np.abs(shift) <= 0.3 + 1e-6)
             for light, nominal in randomizer._lights:
@@ -57,3 +57,30 @@ def test_privileged_state_is_the_state_mode_vector_and_render_randomization_is_s
                 assert np.all((factor >= 0.3 - 1e-6) & (factor <= 1.7 + 1e-6))
         assert abs(brightness[0] - brightness[1]) > 1.0  # another light and other colours, another image
         assert "cube" in randomizer._materials and randomizer._lights
+
+
+def test_texture_swap_replaces_the_table_and_floor_textures_with_flat_colours_per_seed():
+    dr = DomainRandomizationConfig(texture_swap_prob=0.5)
+    distill = dataclasses.replace(load_env_config("maniskill/push_cube_distill", {"sim_backend": "physx_cpu"}),
+                                  randomization=dr)
+    with ManiSkillEnv(distill) as env:
+        randomizer = env._impl._randomizer
+        swapped, images = {}, {}
+        for seed in range(8):
+            images[seed] = env.reset(seed=seed)["rgb/base_camera"].float()
+            textured = {name: [(m, t) for m, _, t in materials if t is not None]
+                        for name, materials in randomizer._materials.items()}
+            textured = {name: parts for name, parts in textured.items() if parts}
+            assert set(textured) == {"table-workspace", "ground"}
+            for name, parts in textured.items():
+                flat = [m.base_color_texture is None for m, _ in parts]
+                assert len(set(flat)) == 1  # all textures of one object go, or none
+                swapped[seed, name] = flat[0]
+            cube = randomizer._materials["cube"][0]
+            np.testing.assert_allclose(cube[0].base_color, cube[1], atol=1e-6)  # untextured objects keep theirs
+        assert 0 < sum(swapped.values()) < len(swapped)  # both outcomes occur at probability 0.5
+        same_seed = env.reset(seed=0)["rgb/base_camera"].float()
+        torch.testing.assert_close(same_seed, images[0])  # the same draw, nominal textures restored or not alike
+        plain = [s for s in range(8) if not swapped[s, "table-workspace"]]
+        flat = [s for s in range(8) if swapped[s, "table-workspace"]]
+        assert (images[plain[0]] - images[flat[0]]).abs().mean() > 5.0
