@@ -21,8 +21,8 @@ What ManiSkill 3.0.1 allows, and how each `DomainRandomizationConfig` field is a
   base colour plus one uniform RGB offset per actor, clipped to [0, 1]. CPU backend only.
 - `texture_swap_prob`: each actor drawn with an image texture (the table's wood, the floor's tiles) has, with
   this probability per reset, its textures removed and its base colour set to a uniform random RGB (Tobin et
-  al. 2017's random textures, as flat colours); otherwise its nominal textures come back. A student that must
-  ignore the table's look transfers to a rig whose table looks different. CPU backend only.
+  al. 2017's random textures, as flat colours); otherwise its nominal textures come back, so a camera policy
+  cannot rely on the table's or floor's look. CPU backend only.
 Lights and colours are render state: they change the camera images, not the physics, and need no rebuild.
 """
 
