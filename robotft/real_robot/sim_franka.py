@@ -98,15 +98,6 @@ class SimFrankaConfig:
     mass would (ManiSkill's fingers have none)."""
     finger_friction_loss_n: float | None = None
     """Dry friction (N) of each finger joint; None: robosuite's 1.0 (ManiSkill's fingers have none)."""
-    finger_pad_reach_m: float | None = None
-    """How far past the TCP (m, along the flange z axis) the finger pads' collision boxes reach; their upper
-    end stays robosuite's (18 mm before the TCP). None: robosuite's pads, which end 2 mm short of the TCP (the
-    fingers' collision meshes reach 3 mm past it). ManiSkill's Panda pads reach 9.5 mm past the TCP: a push at
-    table height slides on the fingertips with the TCP 1 cm above the table, and a grasp holds lower."""
-    finger_pad_friction: float | None = None
-    """Sliding friction coefficient of the finger pads; None: robosuite's 2. MuJoCo uses the larger coefficient
-    of two touching geoms, PhysX (ManiSkill) their mean: ManiSkill's finger pads (2.0) slide on its table and
-    cube (0.3) at 1.15, which this value reproduces here against the rig's table and objects (0.3)."""
     finger_closed_target_m: float = 0.0
     """Finger joint target (m) for a gripper width command of 0; targets for widths up to 0.08 m are linear
     from it to 0.04. ManiSkill's Panda drives the fingers to -0.01 (past closed) on a full close, so that
@@ -134,8 +125,6 @@ class SimFrankaConfig:
             value = getattr(self, name)
             if value is not None and not (value > 0 or (value == 0 and name != "finger_force_n")):
                 raise ValueError(f"{name} must be None or >= 0 (force: > 0), got {value}")
-        if self.finger_pad_friction is not None and not self.finger_pad_friction > 0:
-            raise ValueError(f"finger_pad_friction must be None or > 0, got {self.finger_pad_friction}")
         if not -0.04 <= self.finger_closed_target_m < 0.04:
             raise ValueError(
                 f"finger_closed_target_m must be in [-0.04, 0.04), got {self.finger_closed_target_m}"
@@ -187,10 +176,7 @@ class SimFranka(Robot):
         mujoco = import_mujoco()
         self._mj = mujoco
         self._fatal = _fatal_warnings(mujoco)
-        self.model = build_model(
-            config.scene, config.physics_hz, config.flange_to_tcp_m, config.finger_pad_reach_m,
-            config.finger_pad_friction,
-        )
+        self.model = build_model(config.scene, config.physics_hz, config.flange_to_tcp_m)
         """The compiled `mujoco.MjModel` (read-only for callers; cameras render it)."""
         self._data = mujoco.MjData(self.model)
         m = self.model

@@ -225,31 +225,9 @@ class SimSceneConfig:
 # ---- the scene -----------------------------------------------------------------------------------------
 
 
-def _extend_finger_pads(hand: Any, end_m: float) -> None:
-    """Stretch the Hand's two finger-pad collision boxes along the fingers (the flange z axis) so that they end
-    `end_m` from the flange, keeping their other end. Every body between the flange and a pad is only turned
-    about that axis, so a pad's extent along it is the sum of the offsets plus or minus its half size."""
-    for side in (1, 2):
-        finger, tip = hand.body(f"{'left' if side == 1 else 'right'}finger"), hand.body(f"finger_joint{side}_tip")
-        pad = hand.geom(f"finger{side}_pad_collision")
-        offset = finger.pos[2] + tip.pos[2]
-        start = offset + pad.pos[2] - pad.size[2]
-        if not end_m > start:
-            raise ValueError(f"finger pads must end past their start ({start:.4f} m from the flange), got {end_m:.4f}")
-        pad.size[2] = (end_m - start) / 2
-        pad.pos[2] = start + pad.size[2] - offset
-
-
-def build_model(
-    scene: SimSceneConfig,
-    physics_hz: float,
-    flange_to_tcp_m: float,
-    finger_pad_reach_m: float | None = None,
-    finger_pad_friction: float | None = None,
-) -> Any:
+def build_model(scene: SimSceneConfig, physics_hz: float, flange_to_tcp_m: float) -> Any:
     """Compile the MuJoCo model: Panda + Franka Hand at the origin, a `tcp` site `flange_to_tcp_m` along the
-    flange z axis, the table, objects and markers; time step `1 / physics_hz`. `finger_pad_reach_m` and
-    `finger_pad_friction`: see `SimFrankaConfig`."""
+    flange z axis, the table, objects and markers; time step `1 / physics_hz`."""
     mujoco = import_mujoco()
     assets = robosuite_assets()
     arm = mujoco.MjSpec.from_file(str(assets / "robots" / "panda" / "robot.xml"))
@@ -269,11 +247,6 @@ def build_model(
     ):
         body = hand.body(name)
         body.mass, body.inertia, body.explicitinertial = mass, [2.4e-6, 2.4e-6, 7.5e-7], True
-    if finger_pad_reach_m is not None:
-        _extend_finger_pads(hand, flange_to_tcp_m + finger_pad_reach_m)
-    if finger_pad_friction is not None:
-        for side in (1, 2):
-            hand.geom(f"finger{side}_pad_collision").friction[0] = finger_pad_friction
     flange = arm.body("right_hand")  # robosuite's flange frame, already turned -45 deg like the Hand
     flange.add_site(name="tcp", pos=[0.0, 0.0, flange_to_tcp_m], size=[0.005, 0.005, 0.005], group=3)
     flange.add_frame().attach_body(hand.body("right_gripper"), "gripper/", "")

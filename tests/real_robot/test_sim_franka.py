@@ -12,7 +12,7 @@ import pytest
 from robotft.real_robot.robot import RobotCommand
 from robotft.real_robot.safety import SafetyLayer, SafetyLimits, panda_tcp_position
 from robotft.real_robot.sim_franka import SimFranka, SimFrankaConfig, SimulationError
-from robotft.real_robot.sim_scene import GRIPPER_PREFIX, SimMarkerConfig, SimObjectConfig, SimSceneConfig
+from robotft.real_robot.sim_scene import SimMarkerConfig, SimObjectConfig, SimSceneConfig
 
 CONTROL_DT = 0.1
 
@@ -136,32 +136,3 @@ def test_configs_name_what_is_wrong():
         SimFrankaConfig(stiffness=(1.0,) * 6)
     with pytest.raises(ValueError, match="shape must be one of"):
         SimMarkerConfig("goal", shape="cone")
-    with pytest.raises(ValueError, match="finger_pad_friction must be None or > 0, got 0"):
-        SimFrankaConfig(finger_pad_friction=0.0)
-    with pytest.raises(ValueError, match=r"finger pads must end past their start \(0.0854 m from the flange\)"):
-        SimFranka(SimFrankaConfig(realtime=False, finger_pad_reach_m=-0.02), SafetyLayer(SafetyLimits(), 0.1, ()))
-
-
-@pytest.mark.parametrize("reach, friction", [(None, None), (0.0095, 1.15)])
-def test_finger_pads_set_how_far_the_fingertips_reach_below_the_tcp(reach, friction):
-    """Pressed onto the table, the TCP rests where the pads end: robosuite's pads end short of the TCP (the finger
-    meshes, 3 mm past it, touch first); `finger_pad_reach_m` 9.5 mm holds it ~1 cm up, as ManiSkill's Panda."""
-    limits = SafetyLimits(workspace_min=(0.2, -0.5, -0.05))
-    config = SimFrankaConfig(realtime=False, finger_pad_reach_m=reach, finger_pad_friction=friction, seed=0)
-    with SimFranka(config, SafetyLayer(limits, CONTROL_DT, cameras=())) as robot:
-        robot.reset_episode(seed=0)
-        pads = [robot.model.geom(f"{GRIPPER_PREFIX}finger{i}_pad_collision").id for i in (1, 2)]
-        assert [float(robot.model.geom_friction[g][0]) for g in pads] == [friction or 2.0] * 2
-        home = robot.get_observation()
-        target = home.ee_pos * np.array([1.0, 1.0, 0.0]) + np.array([0.0, 0.0, -0.03])  # 3 cm into the table
-        for _ in range(30):
-            now = robot.clock()
-            robot.safety.watchdog.heartbeat("policy", now)
-            robot.send_action(RobotCommand("ee_pose", now + CONTROL_DT, gripper_width=0.0, ee_pos=target,
-                                           ee_quat=home.ee_quat))
-            robot.advance(CONTROL_DT)
-        resting = robot.get_observation().ee_pos[2]
-    if reach is None:
-        assert 0.0 < resting < 0.005
-    else:
-        assert resting == pytest.approx(reach, abs=0.002)
