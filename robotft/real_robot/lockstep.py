@@ -42,6 +42,9 @@ class LockstepEpisode:
     """Control steps executed."""
     safety: dict[str, int] = field(default_factory=dict)
     """Commands the safety layer clipped or refused in this episode, by reason."""
+    start_positions: dict[str, list[float]] = field(default_factory=dict)
+    """Each object's and marker's position `[x, y, z]` (m, robot base frame) after the episode's reset: the
+    start state, so that failures can be traced to the starts they come from."""
 
 
 def make_lockstep_robot(rig: RigConfig) -> Any:
@@ -84,6 +87,7 @@ def run_lockstep(
     try:
         for i in range(episodes):
             robot.reset_episode(seed=seed + i)
+            start = {name: [round(float(v), 4) for v in pose.pos] for name, pose in robot.object_poses().items()}
             before = dict(robot.safety.counters)
             history: collections.deque[dict[str, np.ndarray]] = collections.deque(maxlen=obs_steps)
             queue: list[np.ndarray] = []
@@ -105,7 +109,7 @@ def run_lockstep(
                     outcome = "success"
                     break
             counts = {k: v - before.get(k, 0) for k, v in robot.safety.counters.items() if v != before.get(k, 0)}
-            results.append(LockstepEpisode(i, outcome, step, counts))
+            results.append(LockstepEpisode(i, outcome, step, counts, start))
             log.info("lock-step episode %d: %s after %d steps; safety %s", i, outcome, step, counts or "none")
     finally:
         for camera in cameras.values():

@@ -275,6 +275,28 @@ def test_deploy_cli_end_to_end_on_the_sim_rig(cli, checkpoint, tmp_path):
     assert cli.run("data", "validate", rec, cwd=tmp_path).returncode == 0
 
 
+def test_deploy_cli_in_lockstep_reports_each_episodes_start(cli, checkpoint, tmp_path):
+    """`deploy --lockstep`: episodes of exactly the time limit's control steps (or fewer on success), each with
+    its start state, in the summary and in `deploy.json`; nothing recorded."""
+    out = tmp_path / "lockstep"
+    args = ("deploy", checkpoint, "--rig", "sim_franka", "--no-operator", "--lockstep", "--episodes", "2",
+            "--episode-time", "0.5", "--out", out)
+    summary = json.loads(cli.run(*args, cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert summary["mode"] == "lockstep" and summary["episodes"] == 2
+    assert json.loads((out / "deploy.json").read_text())["episode_results"] == summary["episode_results"]
+    for e in summary["episode_results"]:
+        assert e["outcome"] in ("success", "timeout") and 1 <= e["steps"] <= 10  # 0.5 s at 20 Hz
+        assert set(e["start_positions"]) >= {"cube", "goal"}
+        cube, goal = np.array(e["start_positions"]["cube"]), np.array(e["start_positions"]["goal"])
+        assert np.all(np.abs(cube[:2] - [0.615, 0.0]) <= 0.1 + 1e-3)
+        assert goal[0] == pytest.approx(cube[0] + 0.2, abs=1e-3)
+    # the two episodes start from the scene seeds `seed` and `seed + 1`: different cubes
+    starts = [e["start_positions"]["cube"] for e in summary["episode_results"]]
+    assert starts[0] != starts[1]
+    proc = cli.run(*args, "--record", tmp_path / "rec.zarr", cwd=tmp_path, expect_rc=1)
+    assert "--lockstep needs --no-operator" in proc.stderr and not (tmp_path / "rec.zarr").exists()
+
+
 @pytest.mark.maniskill
 @pytest.mark.slow  # three CLI runs (two build a ManiSkill env): ~1-2 min on shared cores
 def test_pretrain_deploy_record_pretrain_loop(cli, tmp_path):

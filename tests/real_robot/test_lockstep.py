@@ -65,6 +65,9 @@ def test_state_policy_keeps_its_maniskill_success_on_the_sim_rig(control_mode):
     with robot:
         episodes = run_lockstep(policy, spec, rig, robot, EPISODES, MAX_STEPS, seed=0)
     on_rig = sum(e.outcome == "success" for e in episodes) / EPISODES
+    # Each episode reports where it started: the cube drawn within the preset's box, a new draw per episode.
+    cubes = np.array([e.start_positions["cube"] for e in episodes])
+    assert np.all(np.abs(cubes[:, :2] - [0.615, 0.0]) <= 0.1 + 1e-3) and len({tuple(c) for c in cubes}) == EPISODES
     assert sim >= 0.75, f"the scripted policy should work in ManiSkill, got {sim}"
     assert on_rig >= 0.8 * sim, f"{control_mode}: ManiSkill {sim}, sim rig {on_rig}: {episodes}"
     # A good policy is rarely corrected by the safety layer.
