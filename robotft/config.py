@@ -419,8 +419,12 @@ class EnvConfig:
     task: str = "nav2d"
     """Task id inside the simulator, e.g. `PushCube-v1` for ManiSkill, `nav2d` for the toy suite."""
     num_envs: int = 1
-    """Parallel environments. ManiSkill CPU and robosuite: one per worker process; ManiSkill GPU: all in one
-    process."""
+    """Parallel environments. ManiSkill CPU and robosuite: spread over `worker_processes` worker processes;
+    ManiSkill GPU: all in one process."""
+    worker_processes: int = 0
+    """Worker processes that step the envs of simulators holding one env per instance (ManiSkill CPU, robosuite;
+    `num_envs > 1`), each stepping its share in turn. 0: one per available CPU core, at most `num_envs` (more
+    processes than cores only add context switches)."""
     sim_backend: str = "auto"
     """ManiSkill physics backend: `auto` (GPU when CUDA is present), `physx_cpu` or `physx_cuda`."""
     control_mode: str = "pd_ee_delta_pose"
@@ -444,6 +448,8 @@ class EnvConfig:
     def __post_init__(self) -> None:
         if self.num_envs < 1:
             raise ValueError(f"env.num_envs must be >= 1, got {self.num_envs}")
+        if self.worker_processes < 0:
+            raise ValueError(f"env.worker_processes must be >= 0 (0: one per CPU core), got {self.worker_processes}")
         if self.max_episode_steps < 1:
             raise ValueError(f"env.max_episode_steps must be >= 1, got {self.max_episode_steps}")
 

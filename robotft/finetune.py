@@ -42,6 +42,7 @@ from robotft.runlog import (
     read_metrics,
 )
 from robotft.specs import EnvSpec, check_policy_fits_env
+from robotft.threads import torch_threads, update_threads
 
 ALGORITHMS: dict[str, type[Algorithm] | type[OffPolicyAlgorithm]] = registered_algorithms()
 """`--algo` name → algorithm class (each registered by its own file in robotft/rl); each reads the FinetuneConfig
@@ -80,6 +81,9 @@ class FinetuneRunConfig:
     envs in the learner's process."""
     save_every: int = 5
     """Iterations between checkpoints (the last is always saved)."""
+    update_threads: int = 0
+    """Torch CPU threads during updates, when the simulator workers wait (rollouts keep the process's one
+    thread: robotft.threads); 0: every available core, shared among the ranks on this machine."""
     seed: int = 0
     """Seed of rollouts and sampling (evaluations always use the shared evaluation start states)."""
     device: str = "auto"
@@ -286,7 +290,8 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                 buf, next_value, stats = ppo.collect() if collector is None else collector.collect(ppo)
                 kl_to_base = kl_monitor.estimate(buf.obs)  # the policy that collected this rollout
                 t0 = time.perf_counter()
-                update = ppo.update(buf, next_value, signal=stats.signal)
+                with torch_threads(update_threads(cfg.update_threads)):
+                    update = ppo.update(buf, next_value, signal=stats.signal)
                 update_s = time.perf_counter() - t0
                 if update["actor_skipped_no_signal"] and ctx.is_main:
                     tqdm.write(f"iteration {ppo.iteration}: no success and a constant reward in the rollout, so no "

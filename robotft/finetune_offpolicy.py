@@ -31,6 +31,7 @@ from robotft.rl.q_ensemble import QEnsemble
 from robotft.rl.replay import store_transitions
 from robotft.runlog import RunLogger, progress_bar
 from robotft.specs import check_policy_fits_env
+from robotft.threads import torch_threads, update_threads
 
 if TYPE_CHECKING:
     from robotft.finetune import FinetuneConfig
@@ -148,7 +149,8 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
                 stats = learner.collect()
                 kl = kl_monitor.estimate(learner.replay.recent_obs(chunked.num_envs * cfg.offpolicy.steps_per_iter))
                 t0 = time.perf_counter()
-                update = learner.update()
+                with torch_threads(update_threads(cfg.update_threads)):
+                    update = learner.update()
                 learner.iteration += 1
                 log.log(learner.env_steps, iteration_scalars(update, stats, kl, time.perf_counter() - t0,
                                                              learner.env_steps, wall_seconds()))

@@ -209,3 +209,12 @@ def test_both_keys_with_different_values_are_refused_naming_the_file_and_both_ke
         ConfigError, match=r"ckpt/config.json: env: gives both 'type' \('toy'\) and 'backend'"
     ):
         ck.read_checkpoint(path).env_config()
+
+
+def test_update_threads_default_to_the_cores_shared_by_the_local_ranks(monkeypatch):
+    from robotft.threads import available_cores, update_threads
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert update_threads(0) == available_cores() and update_threads(5) == 5
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * available_cores()))
+    assert update_threads(0) == 1  # never fewer than one thread

@@ -68,7 +68,8 @@ class ManiSkillEnv(PooledEnv):
         sim_backend = resolve_sim_backend(cfg.sim_backend, device)
         if sim_backend == "physx_cpu" and cfg.num_envs > 1:
             worker_cfg = dataclasses.replace(cfg, num_envs=1, sim_backend="physx_cpu")
-            self._use(WorkerPool(_build_worker_env, worker_cfg, cfg.num_envs, device, "ManiSkill"))
+            self._use(WorkerPool(_build_worker_env, worker_cfg, cfg.num_envs, device, "ManiSkill",
+                                 num_processes=cfg.worker_processes))
         else:
             self._use(_RawManiSkill(cfg, sim_backend, device))
 

@@ -126,7 +126,8 @@ class RobosuiteEnv(PooledEnv):
             raise ImportError(f"the robosuite env backend needs robosuite; {INSTALL_HINT}")
         if cfg.num_envs > 1:
             worker_cfg = dataclasses.replace(cfg, num_envs=1)
-            self._use(WorkerPool(_build_worker_env, worker_cfg, cfg.num_envs, device, "robosuite"))
+            self._use(WorkerPool(_build_worker_env, worker_cfg, cfg.num_envs, device, "robosuite",
+                                 num_processes=cfg.worker_processes))
         else:
             self._use(_SingleRobosuite(cfg, device))
 

@@ -53,7 +53,9 @@ def single():
 
 @pytest.fixture(scope="module")
 def pool():
-    with ManiSkillEnv(push_cube(2)) as env:
+    cfg = push_cube(2)
+    cfg.worker_processes = 2  # one env per process, on any number of cores
+    with ManiSkillEnv(cfg) as env:
         yield env
 
 
@@ -127,6 +129,42 @@ def test_unseeded_partial_resets_differ_between_workers_and_are_reproducible(poo
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     for states in first:
         assert not torch.equal(states[0], states[1])
+
+
+def test_several_envs_per_worker_process_match_separate_single_envs(single):
+    """3 envs in 2 processes (envs 0-1 in the first): each env is the single env seeded `seed + i`, a partial reset
+    of one env of a shared process touches only that env, chunks match single steps, and each env renders."""
+    cfg = push_cube(3)
+    cfg.worker_processes = 2
+    acts = actions(5, seed=3)
+    with ManiSkillEnv(cfg) as env:
+        assert len(env.worker_pids) == 2
+        batched = rollout(env, 30, acts)
+        for i in range(3):
+            alone = rollout(single, 30 + i, acts)
+            assert all(torch.equal(b[i], s[0]) for b, s in zip(batched, alone, strict=True)), f"env {i}"
+        before = env.step(torch.zeros(3, 7))[0]["state"]
+        after = env.reset(seed=30, env_ids=torch.tensor([2, 1]))["state"]
+        assert torch.equal(after[0], before[0])
+        assert torch.equal(after[1], batched[0][1]) and torch.equal(after[2], batched[0][2])
+        chunk = acts[:4][None].expand(3, -1, -1)
+        env.reset(seed=5)
+        chunked = env.step_chunk(chunk)
+        env.reset(seed=5)
+        for t, (obs, reward, *_) in enumerate(chunked):
+            stepped_obs, stepped_reward, *_ = env.step(chunk[:, t])
+            assert torch.equal(obs["state"], stepped_obs["state"]) and torch.equal(reward, stepped_reward)
+
+
+def test_worker_processes_default_to_the_available_cores_and_split_evenly():
+    from robotft.envs.workers import process_count, split_envs
+    from robotft.threads import available_cores
+
+    assert process_count(64, 0) == min(64, available_cores()) and process_count(4, 8) == 4
+    assert process_count(4, 3) == 3
+    assert split_envs(5, 2) == [range(0, 3), range(3, 5)] and split_envs(2, 2) == [range(0, 1), range(1, 2)]
+    with pytest.raises(ValueError, match="worker_processes must be >= 0"):
+        EnvConfig(type="maniskill", task="PushCube-v1", worker_processes=-1)
 
 
 def test_killed_worker_raises_a_clear_error(pool):

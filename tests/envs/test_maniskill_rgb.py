@@ -11,6 +11,7 @@ except ImportError as e:
 
 from robotft.config import load_env_config
 from robotft.envs.maniskill import ManiSkillEnv
+from robotft.threads import available_cores
 
 pytestmark = pytest.mark.maniskill
 
@@ -38,7 +39,7 @@ def test_rgb_observations_in_process_and_in_workers():
         check_obs(stepped, 1, state_dim)
         assert first[CAMERA].float().std() > 0  # a rendered scene, not a blank frame
     with rgb_env(2) as pool:
-        assert len(pool.worker_pids) == 2 and pool.spec.observations[CAMERA] == spec[CAMERA]
+        assert len(pool.worker_pids) == min(2, available_cores()) and pool.spec.observations[CAMERA] == spec[CAMERA]
         obs = pool.reset(seed=5)  # env i is seeded with 5 + i
         check_obs(obs, 2, state_dim)
         torch.testing.assert_close(obs["state"][:1], first["state"])

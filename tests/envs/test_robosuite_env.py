@@ -51,7 +51,9 @@ def single():
 
 @pytest.fixture(scope="module")
 def pool():
-    with RobosuiteEnv(lift(2)) as env:
+    cfg = lift(2)
+    cfg.worker_processes = 2  # one env per process, on any number of cores
+    with RobosuiteEnv(cfg) as env:
         yield env
 
 

@@ -85,3 +85,37 @@ def test_best_checkpoint_is_the_one_with_the_highest_evaluation_success(tmp_path
     assert main(["eval", str(out), "--episodes", "2", "--num-envs", "2"]) == 0
     said = capsys.readouterr().err
     assert "loading the latest checkpoint" in said and str(out / ckpt_io.BEST_DIR) in said
+
+
+@pytest.mark.parametrize("algo", ["dppo", "dsrl"])
+def test_updates_run_on_update_threads_and_rollouts_on_one(tmp_path, tiny_sources, monkeypatch, algo):
+    """Simulator workers wait during an update, so it takes `update_threads` torch threads; rollouts, which share
+    the cores with the workers, keep the process's one thread, restored after every update."""
+    import torch
+
+    from robotft.rl.offpolicy import OffPolicy
+    from robotft.rl.ppo import PPO
+
+    seen = {"update": [], "collect": []}
+    core = PPO if algo == "dppo" else OffPolicy
+    for phase in seen:
+        original = getattr(core, phase)
+
+        def spy(self, *args, _original=original, _phase=phase, **kwargs):
+            seen[_phase].append(torch.get_num_threads())
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(core, phase, spy)
+    source = tiny_sources["diffusion" if algo == "dppo" else "flow"]
+    cfg = _config(source, tmp_path / algo, algo, iterations=2)
+    cfg.update_threads, cfg.eval_episodes = 3, 0
+    if algo == "dsrl":
+        cfg.offpolicy.warmup_steps = 0
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_finetune(cfg)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(previous)
+    assert seen["update"] == [3, 3] and set(seen["collect"]) == {1}, seen
