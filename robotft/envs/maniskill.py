@@ -2,9 +2,9 @@
 
 - GPU (`physx_cuda`): one raw ManiSkill env simulates all `num_envs` envs in this process; partial
   resets go through `env.reset(options={"env_idx": ids})`; tensors stay on the GPU.
-- CPU (`physx_cpu`) simulates one env per process: `num_envs == 1` runs that same in-process path
-  (so CPU tests exercise the GPU code path), `num_envs > 1` runs one in-process env per worker
-  process and steps the workers concurrently over pipes. Workers are started with `spawn`, so a
+- CPU (`physx_cpu`) simulates one env per ManiSkill instance: `num_envs == 1` runs that same in-process
+  path (so CPU tests exercise the GPU code path), `num_envs > 1` spreads the envs over worker processes
+  (`env.worker_processes`, one per core by default) and steps the workers concurrently over pipes. Workers are started with `spawn`, so a
   script that builds such an env must guard its entry point with `if __name__ == "__main__":`.
 
 The raw env (`gym.make(...).unwrapped`) is used: no ManiSkill time limit and no auto-reset;
@@ -59,7 +59,7 @@ class ManiSkillEnv(PooledEnv):
 
     Seeding follows BatchedEnv's rule: `reset(seed)` of all envs is reproducible, partial resets pass no
     seed to ManiSkill. The per-env mapping is ManiSkill's own: the GPU backend seeds the whole batch from
-    `seed` (its episode initialisation runs under `torch.manual_seed(seed)`), CPU worker i is a one-env
+    `seed` (its episode initialisation runs under `torch.manual_seed(seed)`), CPU env i is a one-env
     ManiSkill seeded with `seed + i`. So one seed gives reproducible runs on each backend, but not the
     same initial states on both.
     """
@@ -307,9 +307,9 @@ def _make_spec(
 
 
 # --------------------------------------------------------------------------------------------------
-# CPU, num_envs > 1: one _RawManiSkill per worker process (robotft.envs.workers).
+# CPU, num_envs > 1: _RawManiSkills of one env each in worker processes (robotft.envs.workers).
 
 
 def _build_worker_env(cfg: EnvConfig) -> BatchedEnv:
-    """The env of one CPU worker process (module level: the worker pool pickles it by name)."""
+    """One env of a CPU worker process (module level: the worker pool pickles it by name)."""
     return _RawManiSkill(cfg, "physx_cpu", "cpu")

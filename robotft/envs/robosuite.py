@@ -17,8 +17,8 @@ placements, so equal seeds give equal trajectories in any process. robosuite als
 randomness when it builds the model (Lift's cube half-size, 2.0-2.2 cm); that model is built once from a
 fixed seed, the same in every env, unless `kwargs.hard_reset: true` rebuilds it at each reset.
 
-`num_envs == 1` simulates in this process; `num_envs > 1` runs one env per worker process
-(robotft.envs.workers). robosuite does not end episodes: here `terminated` is success (as robomimic's
+`num_envs == 1` simulates in this process; `num_envs > 1` spreads the envs over worker processes
+(robotft.envs.workers; `env.worker_processes`, one per core by default). robosuite does not end episodes: here `terminated` is success (as robomimic's
 rollouts stop at success) and `truncated` comes from a step counter against `max_episode_steps`.
 robosuite is imported lazily, inside the functions that build envs.
 """
@@ -111,7 +111,7 @@ def check_config(cfg: EnvConfig) -> None:
 
 
 class RobosuiteEnv(PooledEnv):
-    """A robomimic task in robosuite as a BatchedEnv; in this process or one env per worker process.
+    """A robomimic task in robosuite as a BatchedEnv; in this process or spread over worker processes.
 
     Observations: `state` float32 `[B, D]` (see the module docstring), plus with `obs_mode: rgb`
     `rgb/<camera>` uint8 `[B, H, W, 3]` for each camera (`kwargs.camera_names`, default robomimic's).
@@ -133,7 +133,7 @@ class RobosuiteEnv(PooledEnv):
 
 
 def _build_worker_env(cfg: EnvConfig) -> BatchedEnv:
-    """The env of one worker process (module level: the worker pool pickles it by name)."""
+    """One env of a worker process (module level: the worker pool pickles it by name)."""
     return _SingleRobosuite(cfg, "cpu")
 
 

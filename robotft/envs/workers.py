@@ -309,7 +309,7 @@ class WorkerPool(BatchedEnv):
 
 
 class PooledEnv(BatchedEnv):
-    """A simulator adapter that runs either in this process or as a WorkerPool of one-env processes: the
+    """A simulator adapter that runs either in this process or as a WorkerPool of worker processes: the
     subclass picks the implementation in its constructor and calls `_use(impl)`; everything else delegates."""
 
     def _use(self, impl: BatchedEnv) -> None:
