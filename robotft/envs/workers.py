@@ -194,13 +194,12 @@ class WorkerPool(BatchedEnv):
             requests.setdefault(w, []).append((j, None if seed is None else seed + i))
         for w, pairs in requests.items():
             self._send(w, "reset", pairs)
-        answers = {w: self._recv(w) for w in requests}
-        # The answers hold each process's requested envs in request order, which is `ids`' order per process.
-        fresh = self._stack([answers[w] for w in requests])
-        order = [i for w in requests for i in ids if self._where[i][0] == w]
+        fresh = self._stack([self._recv(w) for w in requests])
         if env_ids is None:
             self._obs = fresh
         else:
+            # Each process answers for its requested envs in `ids`' order, the processes in `requests`' order.
+            order = [i for w in requests for i in ids if self._where[i][0] == w]
             index = torch.tensor(order, device=self.device)
             for k, v in fresh.items():
                 self._obs[k][index] = v
