@@ -25,9 +25,11 @@ ARM_TOLERANCES = {
 Measured over 60 steps (docs/deployment.md), seeds 0, 1, 2, 4: qpos up to 0.038 rad, TCP up to 1.4 cm /
 0.032 rad; seed 0: 0.015 rad, 1.0 cm / 0.017 rad."""
 
-PUSH_TOLERANCES = {**ARM_TOLERANCES, "extra/obj_pose/pos_m": 0.04, "extra/obj_pose/rot_rad": 2.0}
+PUSH_TOLERANCES = {**ARM_TOLERANCES, "extra/obj_pose/pos_m": 0.05, "extra/obj_pose/rot_rad": 2.0}
 """A scripted push until ManiSkill reports success: the arm as above; the pushed cube drifts (MuJoCo and
-PhysX resolve the fingertip impact differently): measured up to 2.1 cm and 0.2 rad over seeds 0-4."""
+PhysX resolve the fingertip's impact differently): measured up to 4.7 cm (seed 0) and 0.51 rad over seeds 0-7
+with the rig's elliptic friction cone, where both simulators succeed in all 8 (MuJoCo's default cone: 2.3 cm,
+0.40 rad, and the rig failed seed 5)."""
 
 
 @pytest.fixture(scope="module")
