@@ -136,6 +136,23 @@ def scripted_pick(state: dict[str, np.ndarray], step: int, rng: np.random.Genera
     return np.concatenate([delta, np.zeros(3), [grip]])
 
 
+def scripted_drag(state: dict[str, np.ndarray], step: int, rng: np.random.Generator) -> np.ndarray:
+    """Press the closed gripper onto the cube's top face 1.2 cm behind its centre (the first 30 steps: above that
+    point, then down towards 3 cm, which the cube stops at ~5 cm), then move forward while pressing: the cube goes
+    along only as far as static friction holds it (how a PushCube policy moves a cube that starts under the
+    gripper). Returns a `pd_ee_delta_pose` action `[7]` (rotation held)."""
+    tcp, cube = state["extra/tcp_pose"][:3], state["extra/obj_pose"][:3]
+    above = np.array([cube[0] - 0.012, cube[1]])
+    if step < 30 and np.linalg.norm(tcp[:2] - above) > 0.003 and tcp[2] > 0.06:
+        target = np.array([*above, 0.08])
+    elif step < 30:
+        target = np.array([*above, 0.03])
+    else:
+        target = tcp + np.array([0.05, 0.0, -0.02])
+    delta = np.clip((target - tcp) / 0.1, -0.5, 0.5)
+    return np.concatenate([delta, np.zeros(3), [-1.0]])
+
+
 class RandomMotion:
     """Random `pd_ee_delta_pose` motion in free space: a new random direction and rotation every 5 steps,
     steered back into a box 8-25 cm above the table, 0.4-0.75 m in front of the base and 20 cm to either
@@ -162,6 +179,7 @@ class RandomMotion:
 ACTION_SOURCES: dict[str, Callable[[], ActionSource]] = {
     "scripted": lambda: scripted_push,
     "pick": lambda: scripted_pick,
+    "drag": lambda: scripted_drag,
     "random": RandomMotion,
 }
 """Action sequences by name: a factory of one run's action source."""

@@ -136,3 +136,16 @@ def test_configs_name_what_is_wrong():
         SimFrankaConfig(stiffness=(1.0,) * 6)
     with pytest.raises(ValueError, match="shape must be one of"):
         SimMarkerConfig("goal", shape="cone")
+
+
+def test_the_scene_sets_mujocos_friction_cone():
+    import mujoco
+
+    from robotft.real_robot.sim_scene import SimSceneConfig, build_model
+
+    assert SimSceneConfig().friction_cone == "elliptic" and SimSceneConfig().impratio == 10.0
+    model = build_model(SimSceneConfig(friction_cone="pyramidal", impratio=2.0), 1000.0, 0.1034)
+    assert model.opt.cone == mujoco.mjtCone.mjCONE_PYRAMIDAL and model.opt.impratio == 2.0
+    assert build_model(SimSceneConfig(), 1000.0, 0.1034).opt.cone == mujoco.mjtCone.mjCONE_ELLIPTIC
+    with pytest.raises(ValueError, match="friction_cone must be one of .*'conical'"):
+        SimSceneConfig(friction_cone="conical")
