@@ -91,6 +91,10 @@ class FinetuneRunConfig:
     wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)
     """Weights & Biases logging (`--wandb` turns it on)."""
 
+    def __post_init__(self) -> None:
+        if self.update_threads < 0:
+            raise ValueError(f"update_threads must be >= 0 (0: every available core), got {self.update_threads}")
+
     @classmethod
     def for_algorithm(cls, algo: str, **fields: Any) -> Any:
         """A config for `--algo algo` whose `rl.` section holds that algorithm's own defaults (its

@@ -218,3 +218,10 @@ def test_update_threads_default_to_the_cores_shared_by_the_local_ranks(monkeypat
     assert update_threads(0) == available_cores() and update_threads(5) == 5
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * available_cores()))
     assert update_threads(0) == 1  # never fewer than one thread
+
+
+def test_negative_update_threads_are_refused():
+    from robotft.finetune import FinetuneConfig
+
+    with pytest.raises(ValueError, match="update_threads must be >= 0"):
+        FinetuneConfig(update_threads=-1)

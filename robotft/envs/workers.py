@@ -179,12 +179,8 @@ class WorkerPool(BatchedEnv):
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the worker processes, in order (process w holds envs `envs_of(w)`)."""
+        """Process ids of the worker processes, in order (each holds a contiguous share of the envs)."""
         return [p.pid for p in self._procs]
-
-    def envs_of(self, w: int) -> range:
-        """Indices of the envs that worker process `w` holds."""
-        return self._envs_of[w]
 
     def reset(self, seed: int | None = None, env_ids: torch.Tensor | None = None) -> Obs:
         ids = range(self.num_envs) if env_ids is None else [int(i) for i in env_ids]
