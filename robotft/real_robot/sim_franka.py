@@ -350,7 +350,7 @@ class SimFranka(Robot):
         Objects and markers go to `object_poses[name] = (pos [3], quat [4] wxyz)` where given, else to
         their configured pose plus the configured random noise (drawn from `seed` when given); the arm to
         `joint_positions [7]` when given, else home plus `home_noise_rad` noise. Returns the poses after
-        the reset.
+        the reset, as placed.
         """
         self._check()
         rng = self._rng if seed is None else np.random.default_rng(seed)
@@ -370,8 +370,10 @@ class SimFranka(Robot):
             q = self._home + rng.normal(0.0, self.config.home_noise_rad, NUM_JOINTS)
         with self._lock:
             self._place_scene(poses, np.clip(q, self.kinematics.q_min, self.kinematics.q_max))
+            # Read under the same lock: the real-time physics thread may step (and catch up) right after it.
+            placed = self._poses()
         self.safety.reset()
-        return self.object_poses()
+        return placed
 
     def _place_scene(self, poses: dict[str, tuple[np.ndarray, np.ndarray]], q: np.ndarray) -> None:
         """Reset the physics state: the arm at rest at `q`, objects and markers at `poses`.
@@ -397,14 +399,18 @@ class SimFranka(Robot):
         say whether the gripper grasps them (`is_grasping`)."""
         self._check()
         with self._lock:
-            d, t = self._data, self._state_time
-            poses = {
-                name: ObjectPose(t, d.xpos[b].copy(), d.xquat[b].copy(), self._grasping(name))
-                for name, b in self._objects.items()
-            }
-            for name, b in self._marker_bodies.items():
-                poses[name] = ObjectPose(t, d.xpos[b].copy(), d.xquat[b].copy())
-            return poses
+            return self._poses()
+
+    def _poses(self) -> dict[str, ObjectPose]:
+        """`object_poses` with the lock held."""
+        d, t = self._data, self._state_time
+        poses = {
+            name: ObjectPose(t, d.xpos[b].copy(), d.xquat[b].copy(), self._grasping(name))
+            for name, b in self._objects.items()
+        }
+        for name, b in self._marker_bodies.items():
+            poses[name] = ObjectPose(t, d.xpos[b].copy(), d.xquat[b].copy())
+        return poses
 
     def is_grasping(self, name: str) -> bool:
         """Whether the fingers hold object `name`, as ManiSkill's `Panda.is_grasping` decides: the object
