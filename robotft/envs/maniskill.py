@@ -4,8 +4,9 @@
   resets go through `env.reset(options={"env_idx": ids})`; tensors stay on the GPU.
 - CPU (`physx_cpu`) simulates one env per ManiSkill instance: `num_envs == 1` runs that same in-process
   path (so CPU tests exercise the GPU code path), `num_envs > 1` spreads the envs over worker processes
-  (`env.worker_processes`, one per core by default) and steps the workers concurrently over pipes. Workers are started with `spawn`, so a
-  script that builds such an env must guard its entry point with `if __name__ == "__main__":`.
+  (`env.worker_processes`, one per core by default) and steps the workers concurrently over pipes.
+  Workers are started with `spawn`, so a script that builds such an env must guard its entry point with
+  `if __name__ == "__main__":`.
 
 The raw env (`gym.make(...).unwrapped`) is used: no ManiSkill time limit and no auto-reset;
 truncation comes from per-env step counters against `cfg.max_episode_steps`.

@@ -18,8 +18,9 @@ randomness when it builds the model (Lift's cube half-size, 2.0-2.2 cm); that mo
 fixed seed, the same in every env, unless `kwargs.hard_reset: true` rebuilds it at each reset.
 
 `num_envs == 1` simulates in this process; `num_envs > 1` spreads the envs over worker processes
-(robotft.envs.workers; `env.worker_processes`, one per core by default). robosuite does not end episodes: here `terminated` is success (as robomimic's
-rollouts stop at success) and `truncated` comes from a step counter against `max_episode_steps`.
+(robotft.envs.workers; `env.worker_processes`, one per core by default). robosuite does not end episodes:
+here `terminated` is success (as robomimic's rollouts stop at success) and `truncated` comes from a step
+counter against `max_episode_steps`.
 robosuite is imported lazily, inside the functions that build envs.
 """
 
