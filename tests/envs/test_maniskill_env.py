@@ -133,7 +133,7 @@ def test_unseeded_partial_resets_differ_between_workers_and_are_reproducible(poo
 
 def test_several_envs_per_worker_process_match_separate_single_envs(single):
     """3 envs in 2 processes (envs 0-1 in the first): each env is the single env seeded `seed + i`, a partial reset
-    of one env of a shared process touches only that env, chunks match single steps, and each env renders."""
+    of one env of a shared process touches only that env, and chunks match single steps."""
     cfg = push_cube(3)
     cfg.worker_processes = 2
     acts = actions(5, seed=3)
