@@ -8,7 +8,12 @@ correction from (normalized observation history, normalized base action of that 
     a_h = clip(a_h^base + s ⊙ r_h, low, high),   r_h ~ N(r_θ(o, a_h^base), diag(σ²)),
 
 where s is the action scale of the residual's normalizer (r lives in normalized action units) and σ `[A]`
-is a learned, bounded log-std. RL (residual PPO) trains only r_θ and σ; the base is frozen.
+is a learned, bounded log-std. RL (residual PPO, residual SAC) trains only r_θ and σ; the base is frozen.
+
+With `bound` b > 0 the residual is bounded instead (Policy Decorator, Yuan et al. 2024, arXiv 2412.13630, §4.2):
+u_h ~ N(r_θ(o, a_h^base), diag(σ²)) and r_h = b · tanh(u_h), so |r| ≤ b whatever the actor learns. Samples,
+log-densities and entropies then refer to u (the pre-squash residual); a PPO ratio over u equals the ratio over
+r, since the tanh's Jacobian cancels.
 
 One checkpoint holds everything: on the first build, `base_checkpoint` is read once and its policy config,
 env spec and normalizer statistics are copied into `config.base` (and its weights into the residual's
@@ -78,9 +83,14 @@ class ResidualPolicyConfig(PolicyConfig):
     """Lower bound of log σ."""
     log_std_max: float = 0.0
     """Upper bound of log σ."""
+    bound: float = 0.0
+    """0: a Gaussian residual (ResiP); b > 0: the residual is b · tanh(u), at most b normalized action units
+    (Policy Decorator's bounded residual)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.bound < 0:
+            raise ValueError(f"policy.bound must be >= 0 (0: unbounded), got {self.bound}")
         if not self.base_checkpoint and not self.base:
             raise ValueError("policy.base_checkpoint must name the base policy's checkpoint")
         if not self.log_std_min < self.log_std_init < self.log_std_max:
@@ -201,11 +211,24 @@ class ResidualPolicy(Policy):
         """σ `[A]` of the residual, normalized action units."""
         return self.log_std().exp()
 
+    def squash(self, residual: torch.Tensor) -> torch.Tensor:
+        """r = b · tanh(u) with `bound` b > 0; the residual itself when unbounded."""
+        bound = self.config.bound
+        return bound * torch.tanh(residual) if bound > 0 else residual
+
+    def squash_log_det(self, residual: torch.Tensor) -> torch.Tensor:
+        """Per-entry log |dr/du| = log b + log(1 - tanh² u) `[B, H, A]` (0 when unbounded), in the stable form
+        log(1 - tanh² u) = 2 (log 2 - u - softplus(-2u)) (Haarnoja et al. 2018, arXiv 1812.05905, App. C)."""
+        bound = self.config.bound
+        if bound <= 0:
+            return torch.zeros_like(residual)
+        return 2 * (math.log(2) - residual - F.softplus(-2 * residual)) + math.log(bound)
+
     def to_actions(self, base_action: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """a = clip(a^base + s ⊙ r) `[B, H, A]` env units, clipped to the action spec's [low, high] (in env
-        units, so a zero residual returns an in-bounds base chunk bit for bit)."""
+        """a = clip(a^base + s ⊙ squash(r)) `[B, H, A]` env units, clipped to the action spec's [low, high] (in
+        env units, so a zero residual returns an in-bounds base chunk bit for bit)."""
         scale = self.normalizer.scale["action"].to(base_action.device)
-        return torch.clamp(base_action + scale * residual, self.action_low, self.action_high)
+        return torch.clamp(base_action + scale * self.squash(residual), self.action_low, self.action_high)
 
     # --- evaluation and RL ---
 
@@ -259,7 +282,7 @@ class ResidualPolicy(Policy):
         check_chunk("batch['action']", batch["action"], self.config.horizon_steps, self.act_dim)
         base_action = self.base_chunk(batch["obs"])
         target = (batch["action"] - base_action) / self.normalizer.scale["action"].to(base_action.device)
-        loss = F.mse_loss(self.residual_mean(batch["obs"], base_action), target)
+        loss = F.mse_loss(self.squash(self.residual_mean(batch["obs"], base_action)), target)
         return loss, {"bc_loss": loss.item()}
 
 
@@ -283,11 +306,12 @@ def build_residual_policy(
     return ResidualPolicy(config, spec, normalizer, base)
 
 
-def wrap_residual(base: Policy, hidden_dims: tuple[int, ...], log_std_init: float) -> ResidualPolicy:
-    """A zero-initialised residual over an in-memory base (its weights kept, frozen): fine-tuning a plain BC
-    checkpoint with a residual algorithm starts exactly at the base."""
+def wrap_residual(base: Policy, hidden_dims: tuple[int, ...], log_std_init: float,
+                  bound: float = 0.0) -> ResidualPolicy:
+    """A zero-initialised residual (bounded by `bound` when > 0) over an in-memory base (its weights kept,
+    frozen): fine-tuning a plain BC checkpoint with a residual algorithm starts exactly at the base."""
     c = base.config
     cfg = ResidualPolicyConfig(base=policy_record(base), obs_keys=[k for k in c.obs_keys if not k.startswith(
         ("rgb/", "depth/"))], obs_steps=c.obs_steps, horizon_steps=c.horizon_steps, act_steps=c.act_steps,
-        normalizer_mode=c.normalizer_mode, hidden_dims=tuple(hidden_dims), log_std_init=log_std_init)
+        normalizer_mode=c.normalizer_mode, hidden_dims=tuple(hidden_dims), log_std_init=log_std_init, bound=bound)
     return ResidualPolicy(cfg, base.spec, base.normalizer, base)

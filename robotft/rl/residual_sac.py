@@ -1,11 +1,20 @@
-"""Residual SAC: soft actor-critic on a Gaussian residual over a frozen base policy, with RLPD's demo mixing.
+"""Residual SAC: soft actor-critic on a bounded residual over a frozen base policy (Policy Decorator), with
+RLPD's demo mixing.
 
-The residual policy of ResiP (robotft.policies.residual): a = clip(a^base + s ⊙ r), r ~ N(r_θ(o, a^base), σ²),
-trained off-policy with SAC instead of by PPO, on RLPD's recipe (Ball et al. 2023, arXiv 2302.02948). The critic sees the executed part of the chunk
-(normalized, `act_steps × A`), so transitions from demonstrations or recorded deployments enter it unchanged
-(`offpolicy.demo_data`). The actor minimises E[α log π(r | o) - mean_j Q_j(o, a(r))] with a reparameterised r,
-log π summed over the executed entries. Only r_θ and σ train; a checkpoint that is not a residual policy is wrapped
-in a zero-initialised residual at the start (so fine-tuning starts exactly at the base).
+The residual policy of robotft.policies.residual: a = clip(a^base + s ⊙ b tanh(u)), u ~ N(r_θ(o, a^base), σ²),
+trained off-policy with SAC, as Policy Decorator does (Yuan et al. 2024, arXiv 2412.13630), on RLPD's recipe
+(Ball et al. 2023, arXiv 2302.02948). The critic sees the executed part of the chunk (normalized,
+`act_steps × A`: Policy Decorator's "sum" critic input), so transitions from demonstrations or recorded
+deployments enter it unchanged (`offpolicy.demo_data`). The actor minimises E[α log π(r | o) - mean_j Q_j(o, a(r))]
+with a reparameterised r, log π summed over the executed entries (with the tanh's change of variables). Only r_θ
+and σ train; a checkpoint that is not a residual policy is wrapped in a zero-initialised residual at the start (so
+fine-tuning starts exactly at the base).
+
+Policy Decorator's two controls on exploration (ibid. §4.2) are the defaults: the residual is bounded
+(`residual_bound`, so no critic error can move the arm far from the base), and the progressive exploration
+schedule applies the residual in each env's chunk with probability min(1, t / H) at env step t
+(`progressive_steps` = H), so early rollouts stay mostly the base's while the critic learns. Its reward is
+the sparse success minus 1 per chunk (`offpolicy.reward_offset`), Q then measures the time to success.
 """
 
 from __future__ import annotations
@@ -33,7 +42,15 @@ class ResidualSACConfig:
     residual_hidden: tuple[int, ...] = (256, 256)
     """Hidden widths of the residual MLP (used when wrapping a base policy)."""
     log_std_init: float = -2.0
-    """Initial log σ of the residual, normalized action units (used when wrapping a base policy)."""
+    """Initial log σ of the residual's pre-squash u (used when wrapping a base policy)."""
+    residual_bound: float = 0.1
+    """b: the residual is b · tanh(u), at most b normalized action units (Policy Decorator's α, 0.1 by
+    default there); 0 leaves it an unbounded Gaussian. Used when wrapping a base policy (a residual checkpoint
+    keeps its own `policy.bound`)."""
+    progressive_steps: int = 5_000
+    """H of the progressive exploration schedule: at env step t each env's chunk carries the residual with
+    probability min(1, t / H), otherwise it is the base's alone (Policy Decorator uses 10⁵ of 4·10⁶ steps; this
+    default is sized for a CPU run of ~10⁴-10⁵ env steps). 0: the residual from the start."""
     actor_lr: float = 1e-4
     """Learning rate of the residual (at 3e-4 the toy suite's residual overshoots and collapses)."""
     alpha_init: float = 0.01
@@ -46,6 +63,9 @@ class ResidualSACConfig:
     def __post_init__(self) -> None:
         if self.actor_lr <= 0 or self.alpha_init <= 0 or self.alpha_lr < 0:
             raise ValueError("residual_sac.actor_lr and residual_sac.alpha_init must be > 0, alpha_lr >= 0")
+        if self.residual_bound < 0 or self.progressive_steps < 0:
+            raise ValueError(f"residual_sac.residual_bound and progressive_steps must be >= 0, got "
+                             f"{self.residual_bound} and {self.progressive_steps}")
 
 
 @register_algorithm
@@ -53,13 +73,16 @@ class ResidualSAC(OffPolicyAlgorithm):
     name = "residual_sac"
     config_cls = ResidualSACConfig
     # The critic learns alone for 3 iterations and twice as often as the actor: on the toy suite the residual
-    # otherwise follows an untrained Q and collapses.
-    offpolicy_defaults: ClassVar[dict[str, Any]] = {"critic_warmup_iters": 3, "actor_every": 2}
+    # otherwise follows an untrained Q and collapses. Reward - 1 per chunk: Policy Decorator's sparse reward.
+    offpolicy_defaults: ClassVar[dict[str, Any]] = {"critic_warmup_iters": 3, "actor_every": 2,
+                                                    "reward_offset": -1.0}
 
     def __init__(self, policy: Policy, cfg: ResidualSACConfig) -> None:
         if not isinstance(policy, ResidualPolicy):
-            policy = wrap_residual(policy, cfg.residual_hidden, cfg.log_std_init)
+            policy = wrap_residual(policy, cfg.residual_hidden, cfg.log_std_init, cfg.residual_bound)
         self.policy, self.cfg = policy, cfg
+        self.env_steps = 0
+        """Env steps acted so far (chunks × act_steps per env), the clock of the progressive schedule."""
         self.act_steps = policy.config.act_steps
         self.action_dim = self.act_steps * policy.act_dim
         params = [*policy.residual_net.parameters(), *policy.log_std.parameters()]
@@ -70,22 +93,35 @@ class ResidualSAC(OffPolicyAlgorithm):
     def critic_action_from_chunk(self, chunk: torch.Tensor) -> torch.Tensor:
         return executed_action(self.policy, chunk)
 
-    def _sample(self, obs: Obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(chunk [N, H, A] env units, log π(r|o) [N] over the executed entries)`, reparameterised in r."""
+    def _sample(self, obs: Obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(chunk [N, H, A] env units, log π(r|o) [N] over the executed entries, base chunk [N, H, A])`,
+        reparameterised in r."""
         base = self.policy.base_chunk(obs)
         mean, std = self.policy.residual_mean(obs, base), self.policy.std()
         residual = mean if deterministic else mean + std * torch.randn_like(mean)
-        logprob = gaussian_logprob_elementwise(residual, mean, std)[:, : self.act_steps].sum(dim=(1, 2))
-        return self.policy.to_actions(base, residual), logprob
+        logdensity = gaussian_logprob_elementwise(residual, mean, std) - self.policy.squash_log_det(residual)
+        logprob = logdensity[:, : self.act_steps].sum(dim=(1, 2))
+        return self.policy.to_actions(base, residual), logprob, base
+
+    def residual_probability(self) -> float:
+        """min(1, t / H): the progressive schedule's chance that a chunk carries the residual."""
+        horizon = self.cfg.progressive_steps
+        return 1.0 if horizon == 0 else min(1.0, self.env_steps / horizon)
 
     @torch.no_grad()
     def act(self, obs: Obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk, _ = self._sample(obs, deterministic)
+        chunk, _, base = self._sample(obs, deterministic)
+        if not deterministic:
+            # Progressive exploration: where the coin says no, the env executes the base's chunk (a zero
+            # residual, clipped as to_actions clips), and the critic sees the action actually executed.
+            keep = torch.rand(chunk.shape[0], device=chunk.device) < self.residual_probability()
+            chunk = torch.where(keep[:, None, None], chunk, self.policy.to_actions(base, torch.zeros_like(base)))
+            self.env_steps += chunk.shape[0] * self.act_steps
         return chunk, self.critic_action_from_chunk(chunk)
 
     @torch.no_grad()
     def target_action(self, obs: Obs) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk, logprob = self._sample(obs)
+        chunk, logprob, _ = self._sample(obs)
         return self.critic_action_from_chunk(chunk), logprob
 
     def alpha(self) -> float:
@@ -93,18 +129,20 @@ class ResidualSAC(OffPolicyAlgorithm):
 
     def update_actor(self, batch: ReplayBatch, critic: QEnsemble | None) -> dict[str, float]:
         """min E[α log π(r|o) - mean_j Q_j(o, a(r))], then the α step."""
-        chunk, logprob = self._sample(batch.obs)
+        chunk, logprob, _ = self._sample(batch.obs)
         q = critic(batch.obs, self.critic_action_from_chunk(chunk)).mean(dim=0)
         loss = (self.temperature.alpha * logprob - q).mean()
         self.actor_opt.zero_grad(set_to_none=True)
         loss.backward()
         self.actor_opt.step()
         return {"actor_loss": loss.item(), "noise_std": self.policy.std().mean().item(),
-                **self.temperature.update(logprob)}
+                "residual_probability": self.residual_probability(), **self.temperature.update(logprob)}
 
     def state_dict(self) -> dict:
-        return {"actor_opt": self.actor_opt.state_dict(), "temperature": self.temperature.state()}
+        return {"actor_opt": self.actor_opt.state_dict(), "temperature": self.temperature.state(),
+                "env_steps": self.env_steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.actor_opt.load_state_dict(state["actor_opt"])
         self.temperature.load(state["temperature"])
+        self.env_steps = int(state.get("env_steps", 0))

@@ -86,6 +86,28 @@ def test_logprob_equals_torch_normal(residual):
     torch.testing.assert_close(actions, (sample["base_action"] + scale * sample["residual"]).clamp(-3, 3))
 
 
+def test_a_bounded_residual_stays_within_its_bound_with_the_tanh_log_density(residual):
+    """Policy Decorator's bounded residual: |a - a^base| ≤ b·s whatever u is, and the log-density of r = b tanh(u)
+    is torch's Normal pushed through tanh and the scale b."""
+    from torch.distributions import AffineTransform, TanhTransform, TransformedDistribution
+
+    residual.config.bound = 0.1
+    with torch.no_grad():
+        residual.residual_net[-1].bias.fill_(-50.0)  # a residual mean far beyond the bound (downwards: the base sits near the top of the action range)
+    obs = make_obs()
+    actions, sample, _ = residual.sample_with_logprob(obs, generator=gen(6))
+    scale = residual.normalizer.scale["action"]
+    assert ((actions - sample["base_action"]).abs() <= 0.1 * scale + 1e-6).all()
+    assert ((actions - sample["base_action"]).abs() > 0.09 * scale).all(), "a saturated residual reaches its bound"
+    u = torch.randn(5, H, ACT_DIM, generator=gen(7))
+    mean = torch.zeros_like(u)
+    pushed = TransformedDistribution(Normal(mean, residual.std()), [TanhTransform(), AffineTransform(0.0, 0.1)])
+    ours = Normal(mean, residual.std()).log_prob(u) - residual.squash_log_det(u)
+    torch.testing.assert_close(ours, pushed.log_prob(residual.squash(u)), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="policy.bound"):
+        ResidualPolicyConfig(base_checkpoint="x", bound=-1.0)
+
+
 def test_checkpoint_is_self_contained_and_round_trips(residual, tmp_path):
     with torch.no_grad():
         residual.residual_net[-1].weight.normal_()  # a non-zero residual

@@ -26,7 +26,7 @@ from robotft.rl.pa_rl import PARL, PARLConfig
 from robotft.rl.ppo import PPOConfig
 from robotft.rl.q_ensemble import QEnsemble
 from robotft.rl.replay import ReplayBatch
-from robotft.rl.residual_sac import ResidualSACConfig
+from robotft.rl.residual_sac import ResidualSAC, ResidualSACConfig
 from robotft.runlog import read_metrics
 
 TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=50, max_episode_steps=40, control_mode="velocity_2d",
@@ -59,7 +59,9 @@ def test_offpolicy_algorithm_raises_success_on_toy(tmp_path, weak_gaussian_bc, t
     """A weak Gaussian BC (about 0.3 success) → 10 iterations (8,000 env steps) must beat it beyond the evaluation
     noise of 400 episodes (std ≈ 0.023)."""
     sections = {"filtered_bc": {"filtered_bc": FilteredBCConfig(lr=1e-3)},
-                "residual_sac": {"residual_sac": ResidualSACConfig(residual_hidden=(64, 64)),
+                # The toy's corrections are larger than a small bound allows: the unbounded residual from the start.
+                "residual_sac": {"residual_sac": ResidualSACConfig(residual_hidden=(64, 64), residual_bound=0.0,
+                                                                   progressive_steps=0),
                                  "offpolicy": {"actor_every": 2}}}.get(algo, {})
     out = run_finetune(_offpolicy_cfg(weak_gaussian_bc, tmp_path / algo, algo, 10, **sections))
     before, after = toy_success(weak_gaussian_bc), toy_success(out)
@@ -193,6 +195,31 @@ def test_pa_rl_distillation_lowers_the_bc_loss_on_the_optimized_actions():
     algo.distill(obs, targets)
     bc_after = policy.loss({"obs": obs, "action": targets})[0].item()
     assert bc_after < 0.9 * bc_before, f"distillation should fit the optimized actions: {bc_before:.3f} -> {bc_after:.3f}"
+
+
+def test_residual_sac_explores_progressively_around_its_base_within_the_bound():
+    """Policy Decorator's controls: at env step 0 of a progressive schedule every chunk is the base's; once the
+    schedule has run out every chunk carries the residual, at most `residual_bound` normalized units from the base;
+    the schedule's clock counts env steps and survives a resume. With neither, the toy defaults of the learning test
+    above reproduce the unbounded residual."""
+    spec, norm = tiny_spec_and_normalizer()
+    torch.manual_seed(0)
+    base = GaussianPolicy(GaussianPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(32,)), spec, norm)
+    algo = ResidualSAC(base, ResidualSACConfig(residual_hidden=(16,), log_std_init=-0.5, progressive_steps=64))
+    obs = {"state": torch.randn(8, 1, 3)}
+    base_chunk = algo.policy.base_chunk(obs)
+    chunk, _ = algo.act(obs)
+    torch.testing.assert_close(chunk, algo.policy.to_actions(base_chunk, torch.zeros_like(base_chunk)), rtol=0, atol=0)
+    assert algo.env_steps == 8 * 2 and algo.residual_probability() == 16 / 64
+    algo.env_steps = 64
+    chunk, _ = algo.act(obs)
+    offset = (chunk - base_chunk).abs() / norm.scale["action"]
+    assert (offset.flatten(1).amax(dim=1) > 1e-3).all(), "past the schedule every env explores"
+    assert (offset <= 0.1 + 1e-5).all(), "the residual stays within its bound"
+    restored = ResidualSAC(base, ResidualSACConfig(residual_hidden=(16,)))
+    restored.load_state_dict(algo.state_dict())
+    assert restored.env_steps == 80
+    assert FinetuneConfig.for_algorithm("residual_sac").offpolicy.reward_offset == -1.0
 
 
 # -- filtered BC ---------------------------------------------------------------------------------------------
