@@ -19,6 +19,7 @@ the sparse success minus 1 per chunk (`offpolicy.reward_offset`), Q then measure
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -58,7 +59,8 @@ class ResidualSACConfig:
     alpha_lr: float = 3e-4
     """Learning rate of log α; 0 keeps α fixed."""
     target_entropy_per_dim: float = -1.0
-    """Target entropy per executed action entry (SAC's heuristic: -1)."""
+    """Target entropy per executed action entry (SAC's heuristic: -1), of the unit residual tanh(u) when the
+    residual is bounded (the target in r's units is lower by log b)."""
 
     def __post_init__(self) -> None:
         if self.actor_lr <= 0 or self.alpha_init <= 0 or self.alpha_lr < 0:
@@ -87,8 +89,13 @@ class ResidualSAC(OffPolicyAlgorithm):
         self.action_dim = self.act_steps * policy.act_dim
         params = [*policy.residual_net.parameters(), *policy.log_std.parameters()]
         self.actor_opt = torch.optim.Adam(params, lr=cfg.actor_lr)
-        self.temperature = Temperature(cfg.alpha_init, cfg.target_entropy_per_dim * self.action_dim,
-                                       cfg.alpha_lr, learn=cfg.alpha_lr > 0)
+        # The target refers to the unit residual tanh(u), as Policy Decorator's does: r = b tanh(u) has log b
+        # nats less entropy per entry, so with b = 0.1 a target of -1 per entry in r's units could not be met
+        # (uniform on [-b, b] has log 2b = -1.6) and α would grow without end.
+        bound = policy.config.bound
+        per_dim = cfg.target_entropy_per_dim + (math.log(bound) if bound > 0 else 0.0)
+        self.temperature = Temperature(cfg.alpha_init, per_dim * self.action_dim, cfg.alpha_lr,
+                                       learn=cfg.alpha_lr > 0)
 
     def critic_action_from_chunk(self, chunk: torch.Tensor) -> torch.Tensor:
         return executed_action(self.policy, chunk)

@@ -4,6 +4,7 @@ loss on the optimized actions; filtered BC learns only from successful episodes.
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -220,6 +221,8 @@ def test_residual_sac_explores_progressively_around_its_base_within_the_bound():
     restored.load_state_dict(algo.state_dict())
     assert restored.env_steps == 80
     assert FinetuneConfig.for_algorithm("residual_sac").offpolicy.reward_offset == -1.0
+    # The entropy target refers to tanh(u): in r's units it is lower by log b per entry, else unreachable.
+    assert algo.temperature.target_entropy == pytest.approx(algo.action_dim * (-1.0 + math.log(0.1)))
 
 
 # -- filtered BC ---------------------------------------------------------------------------------------------
