@@ -27,7 +27,7 @@ from robotft.rl.pa_rl import PARL, PARLConfig
 from robotft.rl.ppo import PPOConfig
 from robotft.rl.q_ensemble import QEnsemble
 from robotft.rl.replay import ReplayBatch
-from robotft.rl.residual_sac import ResidualSAC, ResidualSACConfig
+from robotft.rl.residual_sac import BaseChunkMemo, ResidualSAC, ResidualSACConfig
 from robotft.runlog import read_metrics
 
 TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=50, max_episode_steps=40, control_mode="velocity_2d",
@@ -223,6 +223,31 @@ def test_residual_sac_explores_progressively_around_its_base_within_the_bound():
     assert FinetuneConfig.for_algorithm("residual_sac").offpolicy.reward_offset == -1.0
     # The entropy target refers to tanh(u): in r's units it is lower by log b per entry, else unreachable.
     assert algo.temperature.target_entropy == pytest.approx(algo.action_dim * (-1.0 + math.log(0.1)))
+
+
+def test_the_base_chunk_memo_returns_the_bases_chunks_and_runs_it_only_on_new_histories():
+    spec, norm = tiny_spec_and_normalizer()
+    torch.manual_seed(0)
+    base = DiffusionPolicy(DiffusionPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(32,),
+                                                 num_train_timesteps=5), spec, norm)
+    rows_seen: list[int] = []
+
+    def counted(obs):
+        rows_seen.append(next(iter(obs.values())).shape[0])
+        return base.predict_chunk(obs, deterministic=True)
+
+    memo = BaseChunkMemo(counted, max_entries=100)
+    obs = {"state": torch.randn(6, 1, 3)}
+    torch.testing.assert_close(memo(obs), base.predict_chunk(obs), rtol=0, atol=0)
+    assert memo.enabled and rows_seen == [6, 6], "the first call checks that the base is deterministic"
+    mixed = {"state": torch.cat([obs["state"][[4, 1, 1]], torch.randn(2, 1, 3)])}
+    torch.testing.assert_close(memo(mixed), base.predict_chunk(mixed), rtol=0, atol=0)
+    assert rows_seen[-1] == 2, "only the two new histories run the base"
+    # A base whose deterministic mode still samples is never memoised.
+    noisy = BaseChunkMemo(lambda o: base.predict_chunk(o, deterministic=False), max_entries=100)
+    noisy(obs)
+    assert noisy.enabled is False and not noisy.chunks
+    assert BaseChunkMemo(counted, max_entries=0).enabled is False
 
 
 # -- filtered BC ---------------------------------------------------------------------------------------------
