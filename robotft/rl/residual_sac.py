@@ -13,8 +13,9 @@ fine-tuning starts exactly at the base).
 Policy Decorator's two controls on exploration (ibid. §4.2) are the defaults: the residual is bounded
 (`residual_bound`, so no critic error can move the arm far from the base), and the progressive exploration
 schedule applies the residual in each env's chunk with probability min(1, t / H) at env step t
-(`progressive_steps` = H), so early rollouts stay mostly the base's while the critic learns. Its reward is
-the sparse success minus 1 per chunk (`offpolicy.reward_offset`), Q then measures the time to success.
+(`progressive_steps` = H), so early rollouts stay mostly the base's while the critic learns. As in Policy
+Decorator's runs, the critic learns from the sparse success minus 1 per chunk (`offpolicy.reward_offset`), so Q
+measures the time to success.
 """
 
 from __future__ import annotations
