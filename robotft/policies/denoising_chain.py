@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -31,6 +32,13 @@ def gaussian_logprob_elementwise(x: torch.Tensor, mean: torch.Tensor, std: torch
     """
     std = std.expand_as(x)
     return -0.5 * ((x - mean) / std) ** 2 - torch.log(std) - 0.5 * _LOG_2PI
+
+
+def scaled_tanh_log_det(u: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per-entry log |d(b tanh u)/du| = log b + log(1 - tanh² u), shaped like `u`, in the numerically stable form
+    log(1 - tanh² u) = 2 (log 2 - u - softplus(-2u)) (Haarnoja et al. 2018, arXiv 1812.05905, App. C): subtracted
+    from a Gaussian's log-density of u it gives the log-density of the squashed b tanh u."""
+    return 2 * (math.log(2) - u - F.softplus(-2 * u)) + math.log(scale)
 
 
 def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,7 @@ from robotft.policies.base import (
     policy_config_class,
     register_policy,
 )
-from robotft.policies.denoising_chain import gaussian_logprob_elementwise
+from robotft.policies.denoising_chain import gaussian_logprob_elementwise, scaled_tanh_log_det
 from robotft.policies.encoders import (
     BoundedLogStd,
     check_chunk,
@@ -217,12 +217,9 @@ class ResidualPolicy(Policy):
         return bound * torch.tanh(residual) if bound > 0 else residual
 
     def squash_log_det(self, residual: torch.Tensor) -> torch.Tensor:
-        """Per-entry log |dr/du| = log b + log(1 - tanh² u) `[B, H, A]` (0 when unbounded), in the stable form
-        log(1 - tanh² u) = 2 (log 2 - u - softplus(-2u)) (Haarnoja et al. 2018, arXiv 1812.05905, App. C)."""
+        """Per-entry log |dr/du| `[B, H, A]` of r = b · tanh(u); 0 when unbounded."""
         bound = self.config.bound
-        if bound <= 0:
-            return torch.zeros_like(residual)
-        return 2 * (math.log(2) - residual - F.softplus(-2 * residual)) + math.log(bound)
+        return scaled_tanh_log_det(residual, bound) if bound > 0 else torch.zeros_like(residual)
 
     def to_actions(self, base_action: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """a = clip(a^base + s ⊙ squash(r)) `[B, H, A]` env units, clipped to the action spec's [low, high] (in

@@ -13,10 +13,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from robotft.policies.denoising_chain import gaussian_logprob_elementwise
+from robotft.policies.denoising_chain import gaussian_logprob_elementwise, scaled_tanh_log_det
 from robotft.policies.encoders import mlp
 
 
@@ -53,9 +52,7 @@ class TanhGaussianActor(nn.Module):
         """`(a [N, dim], log π(a|x) [N])`, a reparameterised sample (the tanh of the mean if `deterministic`)."""
         mean, std = self._dist(x)
         u = mean if deterministic else mean + std * torch.randn_like(mean)
-        # log(1 - tanh²u) = 2 (log 2 - u - softplus(-2u)), the numerically stable form.
-        log_det = 2 * (math.log(2) - u - F.softplus(-2 * u)) + math.log(self.bound)
-        logprob = (gaussian_logprob_elementwise(u, mean, std) - log_det).sum(-1)
+        logprob = (gaussian_logprob_elementwise(u, mean, std) - scaled_tanh_log_det(u, self.bound)).sum(-1)
         return self.bound * torch.tanh(u), logprob
 
 
