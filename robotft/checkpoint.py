@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from robotft.config import EnvConfig, from_dict
+from robotft.config import EnvConfig, apply_overrides, from_dict
 from robotft.datasets.normalizer import Normalizer
 from robotft.specs import EnvSpec
 
@@ -441,12 +441,15 @@ def load_weights(policy: torch.nn.Module, ckpt: Checkpoint) -> None:
         )
 
 
-def load_policy(path: str | Path, device: str = "cpu"):
-    """Rebuild the policy stored in a checkpoint (or a run directory's newest checkpoint)."""
+def load_policy(path: str | Path, device: str = "cpu", overrides: dict[str, str] | None = None):
+    """Rebuild the policy stored in a checkpoint (or a run directory's newest checkpoint). `overrides` set policy
+    fields that leave the weights' shapes alone (`{"deterministic_sampler": "model_std"}`: how it samples)."""
     from robotft.policies.base import build_policy, policy_config_class
 
     ckpt = read_checkpoint(path)
     policy_cfg = from_dict(policy_config_class(ckpt.config["policy"]["type"]), ckpt.config["policy"])
+    if overrides:
+        policy_cfg = apply_overrides(policy_cfg, overrides, prefix="policy.")
     policy = build_policy(policy_cfg, ckpt.spec, ckpt.normalizer)
     load_weights(policy, ckpt)
     return policy.to(device).eval(), ckpt

@@ -373,8 +373,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     choice = describe_choice(args.checkpoint)
     if choice:
         print(choice, file=sys.stderr)
-    policy, ckpt = load_policy(args.checkpoint, device=device)
-    env_overrides = _split_overrides(parse_override_args(extra), ("env",))["env"]
+    groups = _split_overrides(parse_override_args(extra), ("env", "policy"))
+    policy, ckpt = load_policy(args.checkpoint, device=device, overrides=groups["policy"])
+    env_overrides = groups["env"]
     for item in args.env_override or []:
         key, sep, value = item.partition("=")
         if not sep:
@@ -536,7 +537,9 @@ def manual_distill(ns: argparse.Namespace) -> str:
 def manual_eval(ns: argparse.Namespace) -> str:
     return "\n".join([_presets_section("envs", "--env"),
                       _fields_section("Env fields (--env.FIELD VALUE, on top of the checkpoint's env):",
-                                      EnvConfig, "env.")])
+                                      EnvConfig, "env."),
+                      "--policy.FIELD VALUE sets a field of the checkpoint's policy that leaves its weights alone, e.g.\n"
+                      "  --policy.deterministic_sampler model_std (a diffusion policy evaluated with its own sampler)"])
 
 
 def manual_deploy(ns: argparse.Namespace) -> str:

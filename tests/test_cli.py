@@ -456,6 +456,25 @@ def test_eval_not_a_checkpoint(cli, tmp_path, kind):
     assert proc.stdout.strip() == "", proc.stdout
 
 
+def test_eval_policy_override_changes_how_the_policy_samples(cli, toy_root, toy_bc):
+    """`robotft eval --policy.deterministic_sampler model_std` evaluates a diffusion BC with its own DDPM sampler
+    (x_K drawn, noise at every step) instead of the eta = 0 chain from x_K = 0; an unknown field is refused by name."""
+    import torch
+
+    from robotft.checkpoint import load_policy
+
+    default, ckpt = load_policy(toy_bc)
+    sampled, _ = load_policy(toy_bc, overrides={"deterministic_sampler": "model_std"})
+    obs = {"state": torch.zeros(2, default.config.obs_steps, ckpt.spec.observations["state"].shape[0])}
+    assert torch.equal(default.predict_chunk(obs), default.predict_chunk(obs))  # a function of the observation
+    assert not torch.equal(sampled.predict_chunk(obs), sampled.predict_chunk(obs))  # draws its noise
+    proc = cli.run("eval", toy_bc, "--episodes", "4", "--json", "--policy.deterministic_sampler", "model_std",
+                   cwd=toy_root)
+    assert last_json_line(proc.stdout)["episodes"] == 4, proc.stdout
+    proc = cli.run("eval", toy_bc, "--episodes", "1", "--policy.nope", "1", cwd=toy_root, expect_rc=1)
+    assert "policy.nope" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_unknown_override(cli, tmp_path, toy_demos):
     proc = cli.run(
         "pretrain",
