@@ -245,8 +245,11 @@ def resolve_pretrain(args: argparse.Namespace, extra: list[str]) -> tuple[Any, A
     if "type" not in policy_data:
         raise ConfigError(f"{where}: missing key 'type' (the registered policy name)")
     policy_cfg = from_dict(policy_config_class(policy_data["type"]), policy_data, where=str(where))
-    if isinstance(policy, str) and recipe.policy:  # a saved run's policy already holds the recipe
-        policy_cfg = apply_overrides(policy_cfg, recipe.policy, prefix="env.recipe.policy.")
+    if isinstance(policy, str):  # a saved run's policy already holds the recipe
+        for fields, prefix in ((recipe.policy, "env.recipe.policy."),
+                               (recipe.policy_by_type.get(policy_cfg.type, {}),
+                                f"env.recipe.policy_by_type.{policy_cfg.type}.")):
+            policy_cfg = apply_overrides(policy_cfg, fields, prefix=prefix) if fields else policy_cfg
     policy_cfg = apply_overrides(policy_cfg, policy_overrides, prefix="policy.") if policy_overrides else policy_cfg
     return cfg, policy_cfg
 

@@ -402,6 +402,9 @@ class TaskRecipe:
     policy: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Policy config fields (e.g. `obs_steps`, `horizon_steps`, `act_steps`); a field the chosen policy type
     does not have is an error naming it."""
+    policy_by_type: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Policy fields for one registered policy type only, applied after `policy` when the chosen policy has that
+    type: fields other types lack (`{diffusion_mlp: {deterministic_sampler: model_std}}`)."""
     train: dict[str, Any] = dataclasses.field(default_factory=dict)
     """BC training fields (`TrainConfig`, e.g. `steps`)."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from robotft.cli import build_parser, main, resolve_finetune, resolve_pretrain
-from robotft.config import EnvConfig, list_presets, to_dict
+from robotft.config import ConfigError, EnvConfig, list_presets, to_dict
 
 TINY_RECIPE = "# tiny toy demos\ntype: toy_scripted\nenv: toy/nav2d\nepisodes: 8\n"
 TINY_BC = ["--env", "toy/nav2d", "--policy", "diffusion_mlp", "--steps", "3", "--train.eval_episodes", "0",
@@ -227,3 +227,23 @@ def test_task_recipe_applies_to_fresh_runs_only(tmp_path, monkeypatch):
                                                       "policy": to_dict(policy_cfg)}))
     again, policy_again = resolve_pretrain(*_run_args(["pretrain", "--config", "config.json"]))
     assert to_dict(again) == to_dict(cfg) and to_dict(policy_again) == to_dict(policy_cfg)
+
+
+def test_a_recipe_field_for_one_policy_type_skips_the_others(tmp_path, monkeypatch):
+    """`recipe.policy_by_type` sets a field only the named policy type has (the diffusion policy's evaluation
+    sampler) without breaking pretraining of another type on the same task; a typo in it is still refused."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "envs").mkdir()
+    (tmp_path / "envs" / "task.yaml").write_text(
+        "# toy with a per-type recipe\nbase: toy/nav2d\nrecipe: {policy: {obs_steps: 2},\n"
+        "  policy_by_type: {diffusion_mlp: {deterministic_sampler: model_std}}}\n")
+    (tmp_path / "envs" / "typo.yaml").write_text(
+        "# toy with a typo\nbase: toy/nav2d\nrecipe: {policy_by_type: {diffusion_mlp: {determinstic_sampler: x}}}\n")
+    (tmp_path / "store.zarr").mkdir()
+    argv = ["pretrain", "--env", "task", "--data", "store.zarr", "--out", "bc", "--policy"]
+    _, diffusion = resolve_pretrain(*_run_args([*argv, "diffusion_mlp"]))
+    assert (diffusion.deterministic_sampler, diffusion.obs_steps) == ("model_std", 2)
+    _, gaussian = resolve_pretrain(*_run_args([*argv, "gaussian_mlp"]))
+    assert gaussian.obs_steps == 2 and not hasattr(gaussian, "deterministic_sampler")
+    with pytest.raises(ConfigError, match="determinstic_sampler"):
+        resolve_pretrain(*_run_args(["pretrain", "--env", "typo", "--data", "store.zarr", "--policy", "diffusion_mlp"]))
