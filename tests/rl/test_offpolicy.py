@@ -238,10 +238,15 @@ def test_the_base_chunk_memo_returns_the_bases_chunks_and_runs_it_only_on_new_hi
 
     memo = BaseChunkMemo(counted, max_entries=100)
     obs = {"state": torch.randn(6, 1, 3)}
-    torch.testing.assert_close(memo(obs), base.predict_chunk(obs), rtol=0, atol=0)
+    first = memo(obs)
+    torch.testing.assert_close(first, base.predict_chunk(obs), rtol=0, atol=0)
     assert memo.enabled and rows_seen == [6, 6], "the first call checks that the base is deterministic"
-    mixed = {"state": torch.cat([obs["state"][[4, 1, 1]], torch.randn(2, 1, 3)])}
-    torch.testing.assert_close(memo(mixed), base.predict_chunk(mixed), rtol=0, atol=0)
+    new = torch.randn(2, 1, 3)
+    mixed = memo({"state": torch.cat([obs["state"][[4, 1, 1]], new])})
+    # Compared with the batches the base actually ran: a matmul over 5 rows may round differently from one
+    # over 6 (thread splits), so a fresh 5-row call is not a bit-exact reference.
+    torch.testing.assert_close(mixed[:3], first[[4, 1, 1]], rtol=0, atol=0)
+    torch.testing.assert_close(mixed[3:], base.predict_chunk({"state": new}), rtol=0, atol=0)
     assert rows_seen[-1] == 2, "only the two new histories run the base"
     # A base whose deterministic mode still samples is never memoised.
     noisy = BaseChunkMemo(lambda o: base.predict_chunk(o, deterministic=False), max_entries=100)
