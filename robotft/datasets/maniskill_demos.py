@@ -7,6 +7,13 @@ store. The env config's `kwargs` (e.g. `sensor_configs: {width: 64, height: 64}`
 are written into the planned trajectory's metadata, which the replay tool builds its env from. Both ManiSkill
 tools run as subprocesses on the CPU backend (mplib segfaults under some numpy builds; a crash there
 must not take the caller down).
+
+The replay tool tracks the planned path closed-loop (each delta action points from where the arm is to the
+plan's next target), so it can record demonstrations with recovery in them: with `replay_noise_std > 0`
+Gaussian noise is added to every executed arm action of a delta controller while the tool records the
+noise-free tracking action, DART's noise injection (Laskey et al. 2017, arXiv 1703.09327). A BC policy
+trained on such demos has seen states off the plan and the actions that return to it, so it tolerates the
+exploration noise of RL fine-tuning.
 """
 
 from __future__ import annotations
@@ -39,6 +46,28 @@ from mani_skill.examples.motionplanning.panda import run
 seed = int(sys.argv[1])
 sys.argv = ["run", *sys.argv[2:]]
 run._main(run.parse_args(), start_seed=seed)
+"""
+
+
+# DART: noise on the executed actions of delta controllers (the target env's arm; the planner's own
+# `pd_joint_pos` env and the grippers are absolute), added before the controller clips and scales them. The
+# replay tool records the action passed to env.step, so the demos keep the noise-free tracking action.
+_NOISY_REPLAY_DRIVER = """
+import sys
+import torch
+from mani_skill.agents.controllers.base_controller import BaseController
+from mani_skill.trajectory import replay_trajectory
+noise_std, seed = float(sys.argv[1]), int(sys.argv[2])
+generator = torch.Generator().manual_seed(seed)
+preprocess = BaseController._preprocess_action
+def noisy_preprocess(self, action):
+    if getattr(self.config, "use_delta", False):
+        action = torch.as_tensor(action)
+        noise = noise_std * torch.randn(action.shape, generator=generator, dtype=torch.float32)
+        action = action + noise.to(action.device, action.dtype)
+    return preprocess(self, action)
+BaseController._preprocess_action = noisy_preprocess
+replay_trajectory.main(replay_trajectory.parse_args(sys.argv[3:]))
 """
 
 
@@ -76,9 +105,15 @@ def generate_maniskill_demos(
     seed: int = 0,
     mode: str = "create",
     progress: bool = True,
+    replay_noise_std: float = 0.0,
 ) -> dict[str, Any]:
     """Motion-plan `n_episodes` successful demos of `env_cfg.task`, replay them into
     `env_cfg.control_mode` / `env_cfg.obs_mode` and write the store `out`.
+
+    `replay_noise_std`: std of the Gaussian noise on the executed arm actions during the replay, in the
+    controller's normalized units ([-1, 1]; 0.05 is 5 mm per step for ManiSkill's `pd_ee_delta_pos`), with
+    the noise-free actions recorded (DART, see the module docstring). It needs a delta controller (the
+    replay tracks the plan only in those). Replays that the noise makes fail are not kept.
 
     Planning seeds start at `seed` and skip seeds the planner fails on. Returns stats:
     `planned` (successful plans), `planner_attempts` (seeds tried), `planner_failure_rate` (the share of
@@ -89,6 +124,13 @@ def generate_maniskill_demos(
         raise ValueError(f"generate_maniskill_demos needs env.type='maniskill', got {env_cfg.type!r}")
     if n_episodes < 1:
         raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
+    if replay_noise_std < 0:
+        raise ValueError(f"replay_noise_std must be >= 0, got {replay_noise_std}")
+    if replay_noise_std > 0 and "delta" not in env_cfg.control_mode:
+        raise ValueError(
+            f"replay_noise_std > 0 needs a delta controller (the replay tracks the plan only in those), got "
+            f"control_mode {env_cfg.control_mode!r}"
+        )
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="robotft-msdemos-"))
     try:
@@ -127,11 +169,12 @@ def generate_maniskill_demos(
         if progress:  # the replay tool draws one bar per trajectory: thousands of lines, so it runs quietly
             print(f"ManiSkill trajectory replay of {planned} demos into {env_cfg.control_mode}", file=sys.stderr,
                   flush=True)
+        replay = (["-c", _NOISY_REPLAY_DRIVER, str(replay_noise_std), str(seed)] if replay_noise_std > 0
+                  else ["-m", "mani_skill.trajectory.replay_trajectory"])
         _run_streaming(
             [
                 sys.executable,
-                "-m",
-                "mani_skill.trajectory.replay_trajectory",
+                *replay,
                 "--traj-path",
                 str(planned_h5),
                 "-b",

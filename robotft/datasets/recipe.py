@@ -47,6 +47,10 @@ class DatasetRecipe:
     """Episodes to generate (generated sources; imports take every episode the filters keep)."""
     seed: int = 0
     """First seed of generation (the ManiSkill motion planner skips seeds it fails on)."""
+    replay_noise_std: float = 0.0
+    """ManiSkill motion-planned demos: std of the Gaussian noise on the executed arm actions while the replay
+    records the noise-free tracking actions (DART), in the controller's normalized units (0.05: 5 mm per step
+    in `pd_ee_delta_pos`); the demos then show recovery from perturbations. Needs a delta controller."""
     path: str = ""
     """What an import reads: a ManiSkill `.h5`, a robomimic `.hdf5`, a LeRobot root or hub-cache repo id."""
     key_map: dict[str, str | None] = dataclasses.field(default_factory=dict)
@@ -61,6 +65,10 @@ class DatasetRecipe:
     def __post_init__(self) -> None:
         if self.episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {self.episodes}")
+        if self.replay_noise_std < 0:
+            raise ValueError(f"replay_noise_std must be >= 0, got {self.replay_noise_std}")
+        if self.replay_noise_std > 0 and self.type != "maniskill_motion_planner":
+            raise ValueError(f"replay_noise_std is for recipes of type maniskill_motion_planner, not {self.type!r}")
 
     def env_config(self) -> EnvConfig:
         """The env the demonstrations are generated in: the preset, the overrides, then the controller."""
@@ -122,7 +130,8 @@ def _maniskill_motion_planner(recipe: DatasetRecipe, out: Path, mode: str) -> di
     """ManiSkill's motion planner, replayed into the recipe's controller and observation mode."""
     from robotft.datasets.maniskill_demos import generate_maniskill_demos
 
-    return generate_maniskill_demos(recipe.env_config(), recipe.episodes, out, seed=recipe.seed, mode=mode)
+    return generate_maniskill_demos(recipe.env_config(), recipe.episodes, out, seed=recipe.seed, mode=mode,
+                                    replay_noise_std=recipe.replay_noise_std)
 
 
 @register_source("robosuite_scripted", env_type="robosuite")

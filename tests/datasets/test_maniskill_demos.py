@@ -68,6 +68,56 @@ def test_generate_end_to_end(demos):
         assert np.abs(ep["action"]).max() <= 1.0
 
 
+def _tracking_r2(store) -> float:
+    """R² of the TCP's per-step displacement regressed on the recorded position action (`pd_ee_delta_pos`):
+    high when the recorded actions are the ones that moved the arm."""
+    buf = ReplayBuffer.open(store)
+    episodes = [buf.episode(i) for i in range(buf.n_episodes)]
+    tcp = slice(18, 21)  # PushCube's flat state: qpos (9), qvel (9), then the TCP pose's position
+    moved = np.concatenate([e["state"][1:, tcp] - e["state"][:-1, tcp] for e in episodes])
+    action = np.concatenate([e["action"][:-1, :3] for e in episodes])
+    coef, *_ = np.linalg.lstsq(action, moved, rcond=None)
+    return 1 - float(((moved - action @ coef) ** 2).sum() / ((moved - moved.mean(0)) ** 2).sum())
+
+
+@pytest.mark.maniskill
+@needs_maniskill
+def test_replay_noise_perturbs_the_executed_actions_and_records_the_tracking_ones(tmp_path):
+    """DART: with replay noise the arm leaves the plan's path and the demos still succeed; the recorded actions
+    are the noise-free tracking actions, so they explain the arm's motion worse than in a noise-free replay
+    (they would explain it as well if the noisy actions were recorded)."""
+    from robotft.datasets.maniskill_demos import generate_maniskill_demos
+
+    env = EnvConfig(type="maniskill", task="PushCube-v1", sim_backend="physx_cpu", control_mode="pd_ee_delta_pos")
+    clean, noisy = tmp_path / "clean.zarr", tmp_path / "noisy.zarr"
+    generate_maniskill_demos(env, n_episodes=2, out=clean, seed=3, progress=False)
+    stats = generate_maniskill_demos(env, n_episodes=2, out=noisy, seed=3, progress=False, replay_noise_std=0.1)
+    assert stats["kept"] == 2
+    first_clean, first_noisy = ReplayBuffer.open(clean).episode(0), ReplayBuffer.open(noisy).episode(0)
+    assert not np.allclose(first_clean["state"][5:20], first_noisy["state"][5:20], atol=1e-3)
+    assert np.abs(first_noisy["action"]).max() <= 1.0 and first_noisy["success"][-1]
+    r2_clean, r2_noisy = _tracking_r2(clean), _tracking_r2(noisy)
+    assert r2_clean > 0.8 and r2_noisy < r2_clean - 0.15, (r2_clean, r2_noisy)
+
+
+def test_replay_noise_needs_a_delta_controller(tmp_path):
+    from robotft.datasets.maniskill_demos import generate_maniskill_demos
+
+    env = EnvConfig(type="maniskill", task="PushCube-v1", control_mode="pd_joint_pos")
+    with pytest.raises(ValueError, match="delta controller.*pd_joint_pos"):
+        generate_maniskill_demos(env, n_episodes=1, out=tmp_path / "x.zarr", replay_noise_std=0.1)
+    assert not (tmp_path / "x.zarr").exists()
+
+
+def test_a_recipe_refuses_replay_noise_for_other_sources():
+    from robotft.datasets.recipe import DatasetRecipe
+
+    with pytest.raises(ValueError, match="replay_noise_std.*'robosuite_scripted'"):
+        DatasetRecipe(type="robosuite_scripted", env="robosuite/lift", replay_noise_std=0.05)
+    with pytest.raises(ValueError, match="replay_noise_std must be >= 0"):
+        DatasetRecipe(type="maniskill_motion_planner", env="maniskill/stack_cube", replay_noise_std=-1)
+
+
 def write_trajectory(path, T=5, obs_mode="state", control_mode="pd_ee_delta_pose", obs_group=False, drop=()):
     """A small ManiSkill-style .h5 + .json pair: two episodes, the second a failure."""
     import h5py
