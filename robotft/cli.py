@@ -105,12 +105,23 @@ def check_bounds(cfg: object, where: str = "") -> None:
 # -- data -------------------------------------------------------------------------------------------
 
 
+def _reattach_taken_value(extra: list[str], positional: str) -> tuple[list[str], str | None]:
+    """`data generate --env E --FIELD VALUE`: argparse takes VALUE for the optional positional recipe and leaves
+    `--FIELD` without its value. Give the value back to the first override that lacks one."""
+    for i, arg in enumerate(extra):
+        if arg.startswith("--") and "=" not in arg and (i + 1 == len(extra) or extra[i + 1].startswith("--")):
+            return [*extra[: i + 1], positional, *extra[i + 1:]], None
+    return extra, positional
+
+
 def cmd_data_generate(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.datasets.recipe import DatasetRecipe, build_dataset, load_recipe, source_for_env_type
 
     if args.episodes is not None:
         check_bound("episodes", args.episodes)
     mode = "append" if args.append else "overwrite" if args.overwrite else "create"
+    if args.recipe and args.env:
+        extra, args.recipe = _reattach_taken_value(extra, args.recipe)
     overrides = parse_override_args(extra)
     if bool(args.recipe) == bool(args.env):
         raise ConfigError("data generate: give a recipe (a datasets/ preset name or YAML file) or --env PRESET")
@@ -120,12 +131,14 @@ def cmd_data_generate(args: argparse.Namespace, extra: list[str]) -> int:
         recipe, out = load_recipe(args.recipe, {**{k: str(v) for k, v in named.items()}, **overrides})
         out = Path(args.out) if args.out else out
     else:
-        env_overrides = _split_overrides(overrides, ("env",))["env"]
+        groups = _split_overrides(overrides, ("env", ""))
         if args.out is None:
             raise ConfigError("data generate --env: --out is required (a recipe names its own store)")
         env_cfg = load_env_config(args.env)
-        recipe = DatasetRecipe(type=source_for_env_type(env_cfg.type), env=args.env, env_overrides=env_overrides,
+        recipe = DatasetRecipe(type=source_for_env_type(env_cfg.type), env=args.env, env_overrides=groups["env"],
                                episodes=args.episodes or 100, seed=args.seed or 0)
+        # Recipe fields (e.g. --replay_noise_std) apply as they would in a recipe file.
+        recipe = apply_overrides(recipe, groups[""]) if groups[""] else recipe
         out = Path(args.out)
     print(json.dumps(build_dataset(recipe, out, mode=mode), default=str))
     return 0

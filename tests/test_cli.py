@@ -534,3 +534,15 @@ def test_a_dotted_override_value_is_not_taken_for_the_recipe_argument(tmp_path):
     assert main(["data", "generate", "--env", "toy/nav2d", "--episodes", "2", "--out", str(out),
                  "--env.max_episode_steps", "20"]) == 0
     assert ReplayBuffer.open(out).episode_lengths.max() <= 20
+
+
+def test_a_recipe_field_after_env_reaches_the_recipe(tmp_path, capsys):
+    """`data generate --env E --FIELD VALUE`: VALUE is the recipe field's, not the optional recipe argument."""
+    from robotft.cli import main
+
+    out = tmp_path / "demos.zarr"
+    rc = main(["data", "generate", "--env", "robosuite/lift", "--replay_noise_std", "0.05", "--out", str(out)])
+    assert rc != 0 and not out.exists()
+    assert "replay_noise_std is for recipes of type maniskill_motion_planner" in capsys.readouterr().err
+    assert main(["data", "generate", "--env", "toy/nav2d", "--seed", "3", "--episodes", "2", "--out", str(out),
+                 "--only_success", "false"]) == 0
