@@ -1,5 +1,6 @@
-"""ManiSkill demos: end to end through the real motion planner and replay tool (CPU, ~15-25 s, marked
-`maniskill`), and the importer's errors on synthetic trajectory files (h5py only, fast)."""
+"""ManiSkill demos: end to end through the real motion planner and replay tool, with and without DART
+replay noise (CPU, ~15-25 s per generation, marked `maniskill`), and the importer's errors on synthetic
+trajectory files (h5py only, fast)."""
 
 import hashlib
 import json
