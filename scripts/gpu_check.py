@@ -10,6 +10,7 @@ Under torchrun every rank runs the same and rank 0 prints, with `world_size` and
 
     python scripts/gpu_check.py --num-envs 256 --iterations 3
     torchrun --nproc_per_node 2 scripts/gpu_check.py --num-envs 128 --iterations 2
+    python scripts/gpu_check.py --standin --num-envs 1024   # the stand-in env on CUDA: policy and update only
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 aten = torch.ops.aten
+PHYSX_GPU_HINT = ("SAPIEN downloads its PhysX GPU library from GitHub the first time a GPU sim starts; on a machine "
+                  "without that access, unzip the release's linux-so.zip (the URL is in the error) into "
+                  "~/.sapien/physx/<version>/ beforehand")
 SYNC_OPS = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten.is_nonzero, aten.equal}
 
 
@@ -90,11 +94,12 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--steps-per-iter", type=int, default=25)
     p.add_argument("--num-minibatches", type=int, default=16)
-    p.add_argument("--cpu-standin", action="store_true",
-                   help="dry run of this script without a GPU: the batched stand-in env of tests/ on CPU (no figures "
-                        "worth reading; it checks that the script runs)")
+    p.add_argument("--standin", action="store_true",
+                   help="the batched stand-in env of tests/ instead of ManiSkill, on CUDA when there is one: the "
+                        "policy, the update and the host syncs measured where ManiSkill's GPU sim cannot run (and, "
+                        "without a GPU, a dry run of this script whose figures are not worth reading)")
     args = p.parse_args()
-    if args.cpu_standin:
+    if args.standin:
         _use_standin()
     elif not torch.cuda.is_available():
         print(json.dumps({"ok": False, "error": "no CUDA device: the GPU check needs one"}))
@@ -108,15 +113,20 @@ def main() -> None:
     from robotft.rl.dppo import DPPO, DPPOConfig
     from robotft.rl.ppo import PPO, PPOConfig
 
-    base = "cpu" if args.cpu_standin else "cuda"
-    task = "RobotftStandIn-v1" if args.cpu_standin else "PushCube-v1"
+    base = "cuda" if torch.cuda.is_available() else "cpu"
+    task = "RobotftStandIn-v1" if args.standin else "PushCube-v1"
     with distributed(base) as ctx:
         device = torch.device(ctx.device(base))
         torch.manual_seed(ctx.seed(0))
         t0 = time.perf_counter()
-        env = make_env(EnvConfig(type="maniskill", task=task, num_envs=args.num_envs,
-                                 sim_backend="physx_cuda", control_mode="pd_ee_delta_pose", reward_mode="sparse",
-                                 max_episode_steps=100), device=str(device))
+        try:
+            env = make_env(EnvConfig(type="maniskill", task=task, num_envs=args.num_envs,
+                                     sim_backend="physx_cuda", control_mode="pd_ee_delta_pose",
+                                     reward_mode="sparse", max_episode_steps=100), device=str(device))
+        except Exception as e:  # noqa: BLE001 - reported as this script's one JSON line
+            print(json.dumps({"ok": False, "env": task, "error": f"{type(e).__name__}: {e}"[:600],
+                              "hint": PHYSX_GPU_HINT if "physx" in str(e).lower() else None}), flush=True)
+            raise SystemExit(3) from e
         env_build_s = time.perf_counter() - t0
         raw = env._impl._env
         policy = _policy(env.spec, device)
@@ -158,6 +168,7 @@ def main() -> None:
         warm = slice(1, None) if args.iterations > 1 else slice(None)  # the first iteration warms up kernels
         result = {
             "ok": True,
+            "env": task,
             "world_size": ctx.world_size,
             "num_envs_per_rank": args.num_envs,
             "device": str(device),
@@ -172,7 +183,7 @@ def main() -> None:
             "reset_seconds_per_iteration": round(reset_s[0] / args.iterations, 3),
             "optimizer_steps_per_iteration": len(steps) // args.iterations,
             "host_syncs_per_chunk": round(counter.count / args.steps_per_iter, 2),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "none (cpu stand-in dry run)",
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "none (stand-in dry run)",
         }
         per_rank = [result["device"], result["sim_device"], result["render_device"]]
         if ctx.enabled:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU fine-tuning path in under 8 minutes, for a machine with CUDA: ManiSkill physx_cuda PushCube with
 # 256 envs for a few DPPO iterations (env steps/s, update seconds per iteration, host syncs per rollout chunk,
-# reset seconds), then the GPU-semantics tests, then two ranks under torchrun when there are two GPUs.
+# reset seconds), the same with the batched stand-in env on CUDA at 256 and 1024 envs (policy and update alone),
+# then the GPU-semantics tests, then two ranks under torchrun when there are two GPUs.
 # Prints one JSON line with all figures. Exits non-zero with a clear message (never hangs) without CUDA:
 # every step runs under `timeout`.
 #
@@ -29,6 +30,15 @@ single=$(timeout 300 "$PY" scripts/gpu_check.py --num-envs "$NUM_ENVS" --iterati
 rc_single=$?
 [ -n "$single" ] || single='{"ok": false, "error": "single-GPU run produced no result (timeout or crash)"}'
 
+# The policy, the update and the host syncs on CUDA with the batched stand-in env in place of ManiSkill's sim:
+# measured even where ManiSkill's GPU sim cannot start, and at 4x the envs to show what grows with num_envs.
+standin=""
+for n in "$NUM_ENVS" $((NUM_ENVS * 4)); do
+  one=$(timeout 150 "$PY" scripts/gpu_check.py --standin --num-envs "$n" --iterations "$ITERATIONS" | tail -n 1)
+  [ -n "$one" ] || one="{\"ok\": false, \"error\": \"stand-in run at $n envs produced no result\"}"
+  standin="${standin:+$standin, }$one"
+done
+
 # Only the files that hold gpu_semantics tests: collecting the whole suite would import every optional extra.
 timeout 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu_semantics $(grep -rl --include='test_*.py' gpu_semantics tests) \
   >/tmp/gpu_check_pytest.log 2>&1
@@ -43,5 +53,5 @@ else
   two='{"ok": null, "skipped": "one GPU: the two-rank run needs two"}'
 fi
 
-echo "{\"gpus\": $GPUS, \"single\": $single, \"gpu_semantics_tests\": {\"rc\": $rc_tests, \"summary\": \"$tests_summary\"}, \"torchrun_2_ranks\": $two}"
+echo "{\"gpus\": $GPUS, \"single\": $single, \"standin_on_cuda\": [$standin], \"gpu_semantics_tests\": {\"rc\": $rc_tests, \"summary\": \"$tests_summary\"}, \"torchrun_2_ranks\": $two}"
 [ "$rc_single" -eq 0 ] && [ "$rc_tests" -eq 0 ]

@@ -12,6 +12,8 @@ What is copied from ManiSkill's `BaseEnv` (mani_skill/envs/sapien_env.py), line 
   `TimeLimitWrapper` adds it from `elapsed_steps`). No auto-reset: `ManiSkillVectorEnv` does that.
 - attributes the adapters read: `num_envs`, `device`, `control_freq`, `single_action_space`,
   `elapsed_steps`, `reconfiguration_freq`, `get_obs(unflattened=True)`, `render()`.
+- its tensors live on the sim device: `cuda:<i>` for `sim_backend="physx_cuda:<i>"` (what robotft's adapter
+  passes when the run's device is CUDA) on a machine with CUDA, the CPU otherwise, so CPU tests stay on the CPU.
 
 The task is a point pushed to a goal on a plane (2-D position, velocity-free, action = displacement), so a
 policy can succeed and fail. Register it with `register()` and build it through `gym.make` as the adapter does.
@@ -42,7 +44,8 @@ class BatchedStandInEnv(gym.Env):
         if obs_mode != "state":
             raise ValueError(f"the stand-in env has only obs_mode 'state', got {obs_mode!r}")
         self.num_envs = num_envs
-        self.device = torch.device("cpu")
+        indexed_cuda = sim_backend.startswith("physx_cuda:") and torch.cuda.is_available()
+        self.device = torch.device(sim_backend.replace("physx_", "") if indexed_cuda else "cpu")
         self.control_freq = 20.0
         self.reward_mode = reward_mode
         self.reconfiguration_freq = 0
@@ -51,11 +54,11 @@ class BatchedStandInEnv(gym.Env):
         self.action_space = gym.spaces.Box(-1.0, 1.0, (num_envs, ACT_DIM), np.float32)
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (6,), np.float32)
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (num_envs, 6), np.float32)
-        self._elapsed_steps = torch.zeros(num_envs, dtype=torch.int32)
-        self._pos = torch.zeros(num_envs, 2)
-        self._goal = torch.zeros(num_envs, 2)
+        self._elapsed_steps = torch.zeros(num_envs, dtype=torch.int32, device=self.device)
+        self._pos = torch.zeros(num_envs, 2, device=self.device)
+        self._goal = torch.zeros(num_envs, 2, device=self.device)
         self._init = init
-        self._episodes = torch.zeros(num_envs, dtype=torch.long)
+        self._episodes = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self._main_seed = None
         self._episode_seed = np.zeros(num_envs, dtype=np.int64)
         self.seeds_received: list = []
@@ -73,7 +76,7 @@ class BatchedStandInEnv(gym.Env):
         options = options or {}
         self.seeds_received.append(seed)
         env_idx = options.get("env_idx", torch.arange(self.num_envs))
-        env_idx = torch.as_tensor(env_idx, dtype=torch.long)
+        env_idx = torch.as_tensor(env_idx, dtype=torch.long, device=self.device)
         self.reset_batches.append(len(env_idx))
         self._set_main_rng(seed)
         self._set_episode_rng(seed)
@@ -121,13 +124,13 @@ class BatchedStandInEnv(gym.Env):
             self._pos[env_idx] = torch.stack([phase.sin(), phase.cos()], dim=-1) * 0.2
             self._goal[env_idx] = torch.stack([(phase * 1.3).cos(), (phase * 0.7).sin()], dim=-1) * 0.2
             return
-        self._pos[env_idx] = torch.rand(b, 2) * 0.4 - 0.2
-        self._goal[env_idx] = torch.rand(b, 2) * 0.4 - 0.2
+        self._pos[env_idx] = torch.rand(b, 2, device=self.device) * 0.4 - 0.2
+        self._goal[env_idx] = torch.rand(b, 2, device=self.device) * 0.4 - 0.2
 
     # -- ManiSkill's step --------------------------------------------------------------------------
 
     def step(self, action):
-        action = torch.as_tensor(action, dtype=torch.float32).reshape(self.num_envs, ACT_DIM)
+        action = torch.as_tensor(action, dtype=torch.float32, device=self.device).reshape(self.num_envs, ACT_DIM)
         self._pos = self._pos + action.clamp(-1, 1) * STEP_SIZE
         self._elapsed_steps += 1
         info = self.get_info()
@@ -137,7 +140,7 @@ class BatchedStandInEnv(gym.Env):
         else:
             reward = 1 - torch.tanh(5 * dist) + info["success"].float()
         terminated = info["success"] | info["fail"]
-        return self.get_obs(), reward, terminated, torch.zeros(self.num_envs, dtype=torch.bool), info
+        return self.get_obs(), reward, terminated, torch.zeros(self.num_envs, dtype=torch.bool, device=self.device), info
 
     def get_info(self) -> dict:
         dist = (self._goal - self._pos).norm(dim=-1)
@@ -156,8 +159,8 @@ class BatchedStandInEnv(gym.Env):
 
     def render(self) -> torch.Tensor:
         """`[B, 16, 16, 3]` uint8: the point white, the goal red."""
-        img = torch.zeros(self.num_envs, 16, 16, 3, dtype=torch.uint8)
-        rows = torch.arange(self.num_envs)
+        img = torch.zeros(self.num_envs, 16, 16, 3, dtype=torch.uint8, device=self.device)
+        rows = torch.arange(self.num_envs, device=self.device)
         for pos, channel in ((self._pos, slice(None)), (self._goal, 0)):
             px = ((pos + 0.5) * 16).long().clamp(0, 15)
             img[rows, px[:, 1], px[:, 0], channel] = 255

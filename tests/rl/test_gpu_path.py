@@ -185,3 +185,22 @@ def test_cuda_graphs_are_refused_off_cuda(monkeypatch):
             _dppo_ppo(env, cuda_graphs=True)
     finally:
         env.close()
+
+
+def test_gpu_check_script_reports_its_figures_with_the_standin_env():
+    """`scripts/gpu_check.py --standin` (what gpu_check.sh runs on a GPU where ManiSkill's GPU sim cannot start)
+    prints one JSON line whose optimizer steps follow `update_epochs x num_minibatches`, on the CPU here."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, str(repo / "scripts" / "gpu_check.py"), "--standin", "--num-envs", "8",
+                          "--iterations", "1", "--steps-per-iter", "4", "--num-minibatches", "2"],
+                         capture_output=True, text=True, timeout=300, cwd=repo)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["ok"] and result["env"] == "RobotftStandIn-v1" and result["num_envs_per_rank"] == 8
+    assert result["optimizer_steps_per_iteration"] == PPOConfig().update_epochs * 2
+    assert result["env_steps_per_s"] > 0 and len(result["update_seconds"]) == 1
