@@ -29,9 +29,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 aten = torch.ops.aten
-PHYSX_GPU_HINT = ("SAPIEN downloads its PhysX GPU library from GitHub the first time a GPU sim starts; on a machine "
-                  "without that access, unzip the release's linux-so.zip (the URL is in the error) into "
-                  "~/.sapien/physx/<version>/ beforehand")
 SYNC_OPS = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten.is_nonzero, aten.equal}
 
 
@@ -124,8 +121,7 @@ def main() -> None:
                                      sim_backend="physx_cuda", control_mode="pd_ee_delta_pose",
                                      reward_mode="sparse", max_episode_steps=100), device=str(device))
         except Exception as e:  # noqa: BLE001 - reported as this script's one JSON line
-            print(json.dumps({"ok": False, "env": task, "error": f"{type(e).__name__}: {e}"[:600],
-                              "hint": PHYSX_GPU_HINT if "physx" in str(e).lower() else None}), flush=True)
+            print(json.dumps({"ok": False, "env": task, "error": f"{type(e).__name__}: {e}"[:900]}), flush=True)
             raise SystemExit(3) from e
         env_build_s = time.perf_counter() - t0
         raw = env._impl._env

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -95,6 +96,7 @@ class _RawManiSkill(BatchedEnv):
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             sim_backend = f"physx_cuda:{index}"
             kwargs.setdefault("render_backend", f"cuda:{index}")
+            enable_physx_gpu()
         self._env = gym.make(
             cfg.task,
             num_envs=cfg.num_envs,
@@ -235,6 +237,25 @@ def _import_mani_skill() -> Any:
     if not any(isinstance(f, _OncePerProcess) for f in logger.filters):
         logger.addFilter(_OncePerProcess())
     return gym
+
+
+def enable_physx_gpu() -> None:
+    """Load SAPIEN's PhysX GPU library before ManiSkill does, so that a machine that cannot fetch it gets an
+    error saying what to do. SAPIEN downloads the library from GitHub the first time a GPU sim starts and stores
+    it under `~/.sapien/physx/<version>/`; offline, that download fails with a bare connection error."""
+    import sapien.physx as physx
+
+    if physx.is_gpu_enabled():
+        return
+    folder = Path.home() / ".sapien" / "physx" / physx.version()
+    try:
+        physx.enable_gpu()
+    except Exception as e:
+        raise RuntimeError(
+            f"ManiSkill's GPU sim (sim_backend physx_cuda) needs SAPIEN's PhysX GPU library in {folder}, which "
+            f"SAPIEN could not fetch ({type(e).__name__}: {e}). On a machine without GitHub access, download this "
+            f"platform's zip of https://github.com/sapien-sim/physx-precompiled/releases/tag/{physx.version()} "
+            f"elsewhere and unzip it into {folder}; or simulate on the CPU (--env.sim_backend physx_cpu)") from e
 
 
 class _OncePerProcess(logging.Filter):

@@ -181,3 +181,24 @@ def test_worker_failure_reports_its_traceback():
     cfg.task = "NoSuchTask-v1"
     with pytest.raises(WorkerError, match=r"(?s)worker 0 .*failed.*Traceback.*NoSuchTask"):
         ManiSkillEnv(cfg)
+
+
+def test_a_missing_physx_gpu_library_gets_an_error_that_says_what_to_do(monkeypatch, tmp_path):
+    """Offline, SAPIEN's download of its PhysX GPU library fails with a bare connection error; robotft names the
+    folder the library belongs in, where to get it, and the CPU sim as the way around."""
+    import sapien.physx as physx
+
+    from robotft.envs.maniskill import enable_physx_gpu
+
+    def offline():
+        raise ConnectionError("Failed to resolve 'github.com'")
+
+    monkeypatch.setattr(physx, "enable_gpu", offline)
+    monkeypatch.setattr(physx, "is_gpu_enabled", lambda: False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(RuntimeError) as err:
+        enable_physx_gpu()
+    message = str(err.value)
+    assert str(tmp_path / ".sapien" / "physx" / physx.version()) in message
+    assert "physx-precompiled/releases" in message and "github.com" in message
+    assert "--env.sim_backend physx_cpu" in message
