@@ -18,6 +18,7 @@ import torch
 
 from robotft.envs.base import Obs
 from robotft.envs.chunked import ChunkedEnv
+from robotft.optional import require
 
 EVAL_SEED = 1_000_000
 """Seed of the evaluation start states shared by `pretrain`, `finetune` and `robotft eval` (by default), so
@@ -137,6 +138,11 @@ class _EpisodeVideos:
 
     def __init__(self, path: str | Path, env: ChunkedEnv, quota: int) -> None:
         self.path, self.env, self.quota = Path(path), env, quota
+        if self.path.suffix in ("", ".mp4"):
+            # Checked before the first episode: without its ffmpeg plugin, imageio picks another writer by
+            # elimination and fails at the first video with an unrelated error.
+            require("imageio_ffmpeg", None, f"writing evaluation videos ({self.path})", what="imageio-ffmpeg",
+                    install="pip install imageio-ffmpeg")
         self.fps = float(env.spec.action.control_hz) if env.spec.action is not None else 10.0
         self.frames: list[np.ndarray] = []
         self.written = 0

@@ -1,3 +1,6 @@
+import sys
+
+import pytest
 import torch
 
 from robotft.config import EnvConfig
@@ -62,3 +65,18 @@ def test_start_states_do_not_depend_on_the_number_of_envs():
     one = episode_starts(1)
     assert len({tuple(s.tolist()) for s in one}) == 6  # six different start states
     assert torch.equal(one, episode_starts(3)) and torch.equal(one, episode_starts(8))
+
+
+def test_a_missing_video_writer_is_named_before_any_episode_runs(monkeypatch, tmp_path):
+    """Without imageio's ffmpeg plugin, imageio falls back to another writer that fails after the first episode
+    with an unrelated TypeError; the evaluation refuses up front, naming the video path and the package."""
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # what an environment without the package gives
+    steps = []
+
+    def policy(obs):
+        steps.append(1)
+        return torch.zeros(obs["state"].shape[0], 1, 2)
+
+    with pytest.raises(ImportError, match=r"eval\.mp4.*imageio-ffmpeg.*pip install imageio-ffmpeg"):
+        evaluate(policy, _env(2), 2, seed=0, video_path=tmp_path / "eval.mp4")
+    assert not steps
