@@ -252,10 +252,11 @@ def enable_physx_gpu() -> None:
         physx.enable_gpu()
     except Exception as e:
         raise RuntimeError(
-            f"ManiSkill's GPU sim (sim_backend physx_cuda) needs SAPIEN's PhysX GPU library in {folder}, which "
-            f"SAPIEN could not fetch ({type(e).__name__}: {e}). On a machine without GitHub access, download this "
-            f"platform's zip of https://github.com/sapien-sim/physx-precompiled/releases/tag/{physx.version()} "
-            f"elsewhere and unzip it into {folder}; or simulate on the CPU (--env.sim_backend physx_cpu)") from e
+            f"ManiSkill's GPU sim (sim_backend physx_cuda) needs SAPIEN's PhysX GPU library in {folder}; loading "
+            f"it failed ({type(e).__name__}: {e}). SAPIEN fetches it from GitHub on first use: on a machine without "
+            f"GitHub access, download this platform's zip of "
+            f"https://github.com/sapien-sim/physx-precompiled/releases/tag/{physx.version()} elsewhere and unzip "
+            f"it into {folder}; or simulate on the CPU (--env.sim_backend physx_cpu)") from e
 
 
 class _OncePerProcess(logging.Filter):
