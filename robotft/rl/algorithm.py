@@ -52,11 +52,16 @@ class Algorithm(abc.ABC):
     """Width of `critic_extra`'s output; 0 when the critic sees the observation only."""
     rl_defaults: ClassVar[dict[str, Any]] = {}
     """PPO-core fields (`rl.<field>`) this algorithm sets differently from PPOConfig's defaults."""
+    exploration_flags: ClassVar[str] = ""
+    """The flags that set this algorithm's exploration noise, named when exploring breaks the starting policy."""
     logprob_reduction: str = "mean"
-    """`mean` or `sum` over a transition's entries (set from `rl.logprob_reduction` by `make_algorithm`)."""
+    """`mean` or `sum` over a transition's entries, or `none` (set from `rl.logprob_reduction` by `make_algorithm`)."""
 
     def reduce_entries(self, logprob: torch.Tensor) -> torch.Tensor:
-        """`[N, K, ...]` per-entry log-densities → `[N, K]`: their mean or sum (`logprob_reduction`)."""
+        """`[N, K, ...]` per-entry log-densities → `[N, K]`: their mean or sum (`logprob_reduction`); with `none`,
+        `[N, K · E]`, every entry kept (transition-major), for the PPO core to clip one by one."""
+        if self.logprob_reduction == "none":
+            return logprob.flatten(start_dim=1)
         flat = logprob.flatten(start_dim=2)
         return flat.mean(dim=-1) if self.logprob_reduction == "mean" else flat.sum(dim=-1)
 

@@ -67,6 +67,7 @@ class DPPO(Algorithm):
 
     name = "dppo"
     config_cls = DPPOConfig
+    exploration_flags = "--dppo.min_sampling_std"
 
     def __init__(self, policy: DiffusionPolicy, cfg: DPPOConfig) -> None:
         if not isinstance(policy, DiffusionPolicy):

@@ -25,7 +25,7 @@ from robotft.rl.algorithm import Algorithm
 from robotft.rl.buffer import RolloutBuffer, RunningRewardScaler, compute_gae
 from robotft.rl.critic import ValueCritic
 
-LOGPROB_REDUCTIONS = ("mean", "sum")
+LOGPROB_REDUCTIONS = ("mean", "sum", "none")
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -89,7 +89,11 @@ class PPOConfig:
     logprob_reduction: str = "mean"
     """How a scored transition's per-entry log-densities become one log-probability: `mean` (DPPO's and
     ReinFlow's per-dimension normalization, for which a clip range of ~0.01 is published) or `sum` (the exact
-    joint density of the entries, as CleanRL's Gaussian PPO; clip ranges ~0.2)."""
+    joint density of the entries, as CleanRL's Gaussian PPO; clip ranges ~0.2) or `none`: every entry is its own
+    ratio, clipped on its own (RLinf's `token_level`, π_RL's setting for Flow-SDE; clip ranges ~0.2). A coherent
+    shift δ of a Gaussian mean with std s moves each entry's log-ratio by ~δ/s with a random sign, so their mean
+    moves by only ~δ/(s·sqrt(E)) over E entries: `mean` with a 0.2 clip lets the policy move sqrt(E) times further
+    than `none` does before anything is clipped."""
     lr_schedule: str = "constant"
     """Actor and critic learning-rate schedule over `iterations`: `constant`, or `cosine` (linear warm-up over
     `lr_warmup_iters`, then cosine decay towards `actor_min_lr` / `critic_min_lr`, reached one iteration after the
@@ -379,6 +383,9 @@ class PPO:
             mean, std = self.dist.mean_std(adv)
             adv = (adv - mean) / (std + 1e-8)
         new_logp = self.algo.logprob(obs, samples).float()
+        # Under `logprob_reduction: none` each of the K transitions has E entry columns (transition-major).
+        entries = new_logp.shape[1] // weights.shape[0]
+        weights, clip = weights.repeat_interleave(entries), clip.repeat_interleave(entries)
         logratio = new_logp - old_logp
         ratio = logratio.exp()
         adv_k = adv[:, None] * weights[None, :]

@@ -90,6 +90,7 @@ class NoiseNet(nn.Module):
 class ReinFlow(Algorithm):
     name = "reinflow"
     config_cls = ReinFlowConfig
+    exploration_flags = "--reinflow.sigma_min, --reinflow.sigma_max"
     rl_defaults: ClassVar[dict[str, Any]] = {
         "actor_lr": 4.5e-5, "critic_lr": 6.5e-4, "lr_schedule": "cosine", "lr_warmup_iters": 1,
         "actor_min_lr": 2e-5, "critic_min_lr": 3e-4, "update_epochs": 5,

@@ -44,6 +44,7 @@ class ResidualPPOConfig:
 class ResidualPPO(GaussianChunkPPO):
     name = "residual_ppo"
     config_cls = ResidualPPOConfig
+    exploration_flags = "--residual_ppo.log_std_init"
     rl_defaults: ClassVar[dict[str, Any]] = {
         "logprob_reduction": "sum", "clip_eps": 0.2, "actor_lr": 3e-5, "update_epochs": 10, "target_kl": 0.1,
         "steps_per_iter": 200, "lr_schedule": "cosine",

@@ -25,7 +25,7 @@ def test_logprob_equals_flow_grpo_step_in_openpi_time():
     x' ~ N(x + [v_t + σ²/(2t) (x + (1 - t) v_t)] dt, σ² |dt|), σ = a sqrt(t / (1 - t)), t = 1 → t = 1 - 1/K."""
     policy = _policy()
     algo = FlowSDE(policy, FlowSDEConfig(noise_level=0.7))
-    algo.logprob_reduction = "sum"  # the exact joint density of the step (the default averages the entries)
+    algo.logprob_reduction = "sum"  # the exact joint density of the step (a run's default keeps every entry)
     obs = {"state": torch.randn(64, 2, 3)}
     out = algo.act(obs)
     x, x_next, step = out.sample["x"], out.sample["x_next"], out.sample["step"]
@@ -45,6 +45,10 @@ def test_logprob_equals_flow_grpo_step_in_openpi_time():
     assert torch.allclose(algo.logprob(obs, out.sample), out.logprob, atol=1e-5)
     algo.logprob_reduction = "mean"
     assert torch.allclose(algo.logprob(obs, out.sample)[:, 0], torch.stack(expected) / x[0].numel(), atol=1e-5)
+    algo.logprob_reduction = "none"
+    per_entry = algo.logprob(obs, out.sample)
+    assert per_entry.shape == (64, x[0].numel())
+    assert torch.allclose(per_entry.sum(dim=1), torch.stack(expected), atol=1e-4)
 
 
 def test_only_the_chosen_step_is_stochastic():

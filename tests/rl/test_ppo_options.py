@@ -1,4 +1,4 @@
-"""PPO core options: group-relative (critic-free) advantages and the dual-clip surrogate."""
+"""PPO core options: group-relative (critic-free) advantages, the dual-clip surrogate and per-entry ratios."""
 
 import copy
 
@@ -86,6 +86,32 @@ def test_dual_clip_bounds_the_loss_of_negative_advantages(dual_clip):
     assert loss.item() == pytest.approx(expected.mean().item(), rel=1e-5)
     loss.backward()
     assert (new_logp.grad[0, 0] == 0) == bool(dual_clip), "the capped entry must pass no gradient"
+
+
+def test_per_entry_ratios_clip_a_shift_that_the_mean_log_ratio_hides():
+    """`rl.logprob_reduction none`: a coherent shift δ = 0.5 s of a Gaussian mean over 64 entries moves each
+    entry's log-ratio by δ ε - δ²/2 (most beyond a 0.2 clip), their mean only by -δ²/2 ± δ/8."""
+    ppo = _ppo(clip_eps=0.2, norm_adv=False)
+    torch.manual_seed(1)
+    eps = torch.randn(256, 64)
+    per_entry = 0.5 * eps - 0.5**2 / 2
+    adv = torch.randn(256)
+    ppo.algo = _Fixed(per_entry)
+    _, _, each = ppo._policy_loss({}, {}, torch.zeros(256, 64), adv, torch.ones(1), torch.tensor([0.2]))
+    ppo.algo = _Fixed(per_entry.mean(dim=1, keepdim=True))
+    _, _, mean = ppo._policy_loss({}, {}, torch.zeros(256, 1), adv, torch.ones(1), torch.tensor([0.2]))
+    assert each["clip_fraction"] > 0.6 and mean["clip_fraction"] < 0.1, (each, mean)
+
+
+def test_per_entry_ratios_repeat_each_transitions_weight_and_clip():
+    """K = 2 transitions of 3 entries each ([N, K · E], transition-major): entry columns take their transition's
+    advantage weight and clip range."""
+    ppo = _ppo(norm_adv=False)
+    logratio = torch.tensor([[0.0, 0.0, 0.0, 0.15, 0.15, 0.15]])
+    ppo.algo = _Fixed(logratio)
+    _, _, m = ppo._policy_loss({}, {}, torch.zeros(1, 6), torch.ones(1), torch.tensor([1.0, 0.5]),
+                               torch.tensor([0.2, 0.1]))
+    assert m["clip_fraction"] == pytest.approx(0.5), "only the second transition's entries exceed their 0.1 clip"
 
 
 def test_dual_clip_must_exceed_one():
