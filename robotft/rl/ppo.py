@@ -90,10 +90,10 @@ class PPOConfig:
     """How a scored transition's per-entry log-densities become one log-probability: `mean` (DPPO's and
     ReinFlow's per-dimension normalization, for which a clip range of ~0.01 is published) or `sum` (the exact
     joint density of the entries, as CleanRL's Gaussian PPO; clip ranges ~0.2) or `none`: every entry is its own
-    ratio, clipped on its own (RLinf's `token_level`, π_RL's setting for Flow-SDE; clip ranges ~0.2). A coherent
-    shift δ of a Gaussian mean with std s moves each entry's log-ratio by ~δ/s with a random sign, so their mean
-    moves by only ~δ/(s·sqrt(E)) over E entries: `mean` with a 0.2 clip lets the policy move sqrt(E) times further
-    than `none` does before anything is clipped."""
+    ratio, clipped on its own (RLinf's `token_level`; clip ranges ~0.2). A coherent shift δ of a Gaussian mean
+    with std s moves each entry's log-ratio by ~δ/s with a random sign, so their mean moves by only ~δ/(s·sqrt(E))
+    over E entries: with the same clip, `mean` lets a shift grow about sqrt(E) times larger than `none` does
+    before anything is clipped."""
     lr_schedule: str = "constant"
     """Actor and critic learning-rate schedule over `iterations`: `constant`, or `cosine` (linear warm-up over
     `lr_warmup_iters`, then cosine decay towards `actor_min_lr` / `critic_min_lr`, reached one iteration after the
