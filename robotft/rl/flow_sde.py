@@ -13,7 +13,8 @@ time t = 1 - Δτ, as Flow-GRPO's implementation does.
 Two-layer MDP (π_RL): in every rollout chunk one integration step j, drawn uniformly per sample, is this
 stochastic transition and the other steps are the deterministic Euler ODE. The sample stores j, x_j and x_{j+1};
 the one scored transition of the PPO core (`num_scored() = 1`) is the exact Gaussian log-density of x_{j+1},
-whose `H × A` entries the PPO core clips one by one by default (`rl.logprob_reduction none`). The whole flow policy trains; evaluation runs the ODE (no noise).
+whose `H × A` entries the PPO core clips one by one by default (`rl.logprob_reduction none`). The whole flow
+policy trains; evaluation runs the ODE (no noise).
 """
 
 from __future__ import annotations
