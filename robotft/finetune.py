@@ -289,13 +289,12 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
             if ctx.is_main and cfg.eval_episodes > 0 and ppo.iteration == 0:
                 metrics = evaluate_and_keep_best("before fine-tuning")
             # Rollouts of the starting policy: those collected up to the first actor update.
-            start_rollouts = StartingRollouts(metrics.get("success_rate"), cfg.rl.critic_warmup_iters)
+            start_rollouts = StartingRollouts(metrics.get("success_rate"), ppo.first_actor_iteration)
             bar = progress_bar(range(ppo.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]",
                                initial=ppo.iteration, total=cfg.rl.iterations, disable=not ctx.is_main)
             for _ in bar:
-                rollout_iteration = ppo.iteration
                 buf, next_value, stats = ppo.collect() if collector is None else collector.collect(ppo)
-                warning = start_rollouts.observe(rollout_iteration, stats.successes, stats.episodes, ppo.algo)
+                warning = start_rollouts.observe(ppo.iteration, stats.successes, stats.episodes, ppo.algo)
                 if warning and ctx.is_main:
                     tqdm.write(warning, file=sys.stderr)
                 kl_to_base = kl_monitor.estimate(buf.obs)  # the policy that collected this rollout
@@ -341,7 +340,7 @@ class StartingRollouts:
     noise_off_success: float | None
     """Success rate of the evaluation before fine-tuning (None: not evaluated, nothing to compare with)."""
     last_iteration: int
-    """The iteration whose rollout is the last one before the first actor update (`rl.critic_warmup_iters`)."""
+    """The iteration whose rollout is the last one before the first actor update (`PPO.first_actor_iteration`)."""
     successes: int = 0
     episodes: int = 0
 

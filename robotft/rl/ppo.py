@@ -298,7 +298,7 @@ class PPO:
         n = advantages.shape[0]
         mb = self.minibatch_size(n)
         train_critic = not cfg.group_advantages
-        train_actor = self.iteration >= cfg.critic_warmup_iters or not train_critic
+        train_actor = self.iteration >= self.first_actor_iteration
         skipped_no_signal = train_actor and cfg.skip_no_signal and not signal
         train_actor = train_actor and not skipped_no_signal
         weights = algo.advantage_weights().to(self.device)
@@ -357,6 +357,12 @@ class PPO:
         out["actor_skipped_no_signal"] = float(skipped_no_signal)
         out["actor_lr"], out["critic_lr"] = actor_lr, critic_lr
         return out
+
+    @property
+    def first_actor_iteration(self) -> int:
+        """The iteration of the first actor update: after the critic warm-up, or at once without a critic
+        (group-relative advantages)."""
+        return 0 if self.cfg.group_advantages else self.cfg.critic_warmup_iters
 
     def learning_rates(self) -> tuple[float, float]:
         """(actor, critic) learning rates of the current iteration under `rl.lr_schedule`."""
