@@ -11,7 +11,9 @@ linear path x_τ = τ a + (1 - τ) ε. At the first step (t = 1) σ_t is infinit
 time t = 1 - Δτ, as Flow-GRPO's implementation does.
 
 Two-layer MDP (π_RL): in every rollout chunk one integration step j, drawn uniformly per sample, is this
-stochastic transition and the other steps are the deterministic Euler ODE. The sample stores j, x_j and x_{j+1};
+stochastic transition and the other steps are the deterministic Euler ODE. By default j is never the last step
+(RLinf's `ignore_last`): its σ is the smallest of the chain, so its ratio is the most sensitive, and its noise
+lands on the executed action with no later step to pull it back onto the data. The sample stores j, x_j and x_{j+1};
 the one scored transition of the PPO core (`num_scored() = 1`) is the exact Gaussian log-density of x_{j+1},
 whose `H × A` entries the PPO core clips one by one by default (`rl.logprob_reduction none`). The whole flow
 policy trains; evaluation runs the ODE (no noise).
@@ -42,6 +44,10 @@ class FlowSDEConfig:
         if self.noise_level <= 0:
             raise ValueError(f"flow_sde.noise_level must be > 0, got {self.noise_level}")
 
+    ignore_last: bool = True
+    """Never make the last integration step the stochastic one (RLinf's `ignore_last`); needs policy.num_steps
+    >= 2. False draws j from all K steps, as Flow-GRPO does."""
+
 
 @register_algorithm
 class FlowSDE(Algorithm):
@@ -68,6 +74,11 @@ class FlowSDE(Algorithm):
             raise ValueError("flow_sde needs policy.num_steps >= 2 (σ_t of the first step uses the second's time)")
         self.policy, self.cfg = policy, cfg
 
+    @property
+    def stochastic_steps(self) -> int:
+        """How many integration steps j may be the stochastic one: the first K - 1 with `ignore_last`, else all K."""
+        return self.policy.config.num_steps - self.cfg.ignore_last
+
     def sigma(self, step: torch.Tensor) -> torch.Tensor:
         """σ_t at Euler step indices `step` `[B]`: a · sqrt(t / (1 - t)), t = 1 - τ_k, t = 1 replaced by 1 - Δτ."""
         k = self.policy.config.num_steps
@@ -87,7 +98,7 @@ class FlowSDE(Algorithm):
         prefix = policy.encode_prefix(obs)
         batch = prefix.shape[0]
         x = policy.initial_noise(batch, prefix.device)
-        step = torch.randint(k, (batch,), device=prefix.device)
+        step = torch.randint(self.stochastic_steps, (batch,), device=prefix.device)
         x_step = x_next = x
         for i, tau in enumerate(euler_times(k, x.device)):
             v = policy.velocity(prefix, x, tau)
