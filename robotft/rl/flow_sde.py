@@ -11,9 +11,9 @@ linear path x_τ = τ a + (1 - τ) ε. At the first step (t = 1) σ_t is infinit
 time t = 1 - Δτ, as Flow-GRPO's implementation does.
 
 Two-layer MDP (π_RL): in every rollout chunk one integration step j, drawn uniformly per sample, is this
-stochastic transition and the other steps are the deterministic Euler ODE. By default j is never the last step
-(RLinf's `ignore_last`): its σ is the smallest of the chain, so its ratio is the most sensitive, and its noise
-lands on the executed action with no later step to pull it back onto the data. The sample stores j, x_j and x_{j+1};
+stochastic transition and the other steps are the deterministic Euler ODE. `ignore_last` (RLinf's option) never
+draws the last step, whose noise lands on the executed action uncorrected; it is off by default, because the last
+step's σ is the smallest of the chain and its ratio is what most constrains the update (below). The sample stores j, x_j and x_{j+1};
 the one scored transition of the PPO core (`num_scored() = 1`) is the exact Gaussian log-density of x_{j+1},
 whose `H × A` entries the PPO core clips one by one by default (`rl.logprob_reduction none`). The whole flow
 policy trains; evaluation runs the ODE (no noise).
@@ -44,9 +44,11 @@ class FlowSDEConfig:
         if self.noise_level <= 0:
             raise ValueError(f"flow_sde.noise_level must be > 0, got {self.noise_level}")
 
-    ignore_last: bool = True
-    """Never make the last integration step the stochastic one (RLinf's `ignore_last`); needs policy.num_steps
-    >= 2. False draws j from all K steps, as Flow-GRPO does."""
+    ignore_last: bool = False
+    """Never make the last integration step the stochastic one (RLinf's `ignore_last`); False draws j from all K
+    steps, as Flow-GRPO does. From a StackCube flow BC (66%), 10 iterations: with it 0% success and a KL to the BC
+    of 114 after the first update; without it 28% and 9. The last step has the smallest σ, so its ratio clips the
+    velocity change that the deterministic steps of the evaluated ODE also feel."""
 
 
 @register_algorithm

@@ -24,7 +24,7 @@ def test_logprob_equals_flow_grpo_step_in_openpi_time():
     """Independently, in openpi/Flow-GRPO time t = 1 - τ (t = 1 noise) with v_t = -v_τ and dt = -1/K:
     x' ~ N(x + [v_t + σ²/(2t) (x + (1 - t) v_t)] dt, σ² |dt|), σ = a sqrt(t / (1 - t)), t = 1 → t = 1 - 1/K."""
     policy = _policy()
-    algo = FlowSDE(policy, FlowSDEConfig(noise_level=0.7, ignore_last=False))  # every step j, the last included
+    algo = FlowSDE(policy, FlowSDEConfig(noise_level=0.7))
     algo.logprob_reduction = "sum"  # the exact joint density of the step (a run's default keeps every entry)
     obs = {"state": torch.randn(64, 2, 3)}
     out = algo.act(obs)
@@ -71,16 +71,16 @@ def test_only_the_chosen_step_is_stochastic():
     assert torch.allclose(ode, policy.predict_chunk(obs), atol=1e-5)
 
 
-def test_the_last_step_stays_deterministic_by_default():
-    """`ignore_last` (the default) draws the stochastic step from the first K - 1, so the executed action is the
-    last Euler step of an SDE sample; without it the last step is drawn as often as any other."""
+def test_ignore_last_keeps_the_last_step_deterministic():
+    """`ignore_last` draws the stochastic step from the first K - 1, so the executed action is the last Euler step
+    of an SDE sample; by default the last step is drawn as often as any other."""
     policy = _policy()
     obs = {"state": torch.randn(400, 2, 3)}
     torch.manual_seed(1)
-    steps = FlowSDE(policy, FlowSDEConfig()).act(obs).sample["step"]
+    steps = FlowSDE(policy, FlowSDEConfig(ignore_last=True)).act(obs).sample["step"]
     assert set(steps.tolist()) == set(range(K - 1))
     torch.manual_seed(1)
-    steps = FlowSDE(policy, FlowSDEConfig(ignore_last=False)).act(obs).sample["step"]
+    steps = FlowSDE(policy, FlowSDEConfig()).act(obs).sample["step"]
     assert set(steps.tolist()) == set(range(K)) and (steps == K - 1).float().mean() > 0.15
 
 
