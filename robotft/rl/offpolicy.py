@@ -8,7 +8,8 @@ with the n-step soft Bellman target
 
     y = R + γ^m (1 - d) (min_{j ∈ subset} Q̄_j(s', a') - α log π(a'|s')),   a' ~ π(·|s'),
 
-(SAC, Haarnoja et al. 2018; min over a random subset of the target ensemble, REDQ), Polyak-averaged targets, and
+(SAC, Haarnoja et al. 2018; min over a random subset of the target ensemble, REDQ; the entropy term is optional,
+`backup_entropy`), Polyak-averaged targets, and
 an actor step every `actor_every` critic steps. What is acted, what the critic's action is and how the actor
 learns come from an `OffPolicyAlgorithm` (dsrl, pa_rl, residual_sac, filtered_bc).
 
@@ -72,6 +73,11 @@ class OffPolicyConfig:
     """Members the target takes the minimum over (a random subset when smaller than E)."""
     critic_hidden: tuple[int, ...] = (256, 256)
     """Hidden widths of each Q network (LayerNorm after each)."""
+    backup_entropy: bool = True
+    """Subtract α log π(a'|s') in the critic's target (SAC's soft backup). False keeps the entropy term in the
+    actor's objective only, so Q estimates the return itself: under a sparse success reward, with truncated
+    episodes that bootstrap, the soft backup adds α·H per chunk over an unbounded horizon and Q can outgrow the
+    largest return (the `backup_entropy` switch of RLPD's and REDQ's reference code)."""
     actor_every: int = 1
     """Critic steps per actor step (delayed policy updates)."""
     max_grad_norm: float = 10.0
@@ -308,12 +314,7 @@ class OffPolicy:
     def _critic_step(self, batch: ReplayBatch) -> dict[str, float]:
         """One step on Σ_j mean (Q_j(s, a) - y)² with the soft n-step target y of the module docstring."""
         cfg, critic = self.cfg, self.critic
-        with torch.no_grad():
-            next_action, next_logprob = self.algo.target_action(batch.next_obs)
-            q_next = subset_min(self.target(batch.next_obs, next_action), cfg.num_min, self._gen)
-            if next_logprob is not None:
-                q_next = q_next - self.algo.alpha() * next_logprob
-            target = batch.reward + batch.discount * q_next
+        target = self.td_target(batch)
         q = critic(batch.obs, batch.action)
         loss = ((q - target[None]) ** 2).mean(dim=1).sum()
         self.critic_opt.zero_grad(set_to_none=True)
@@ -323,6 +324,16 @@ class OffPolicy:
         self.critic_opt.step()
         polyak(self.target, critic, cfg.tau)
         return {"critic_loss": loss.item() / q.shape[0], "q_mean": q.mean().item(), "target_mean": target.mean().item()}
+
+    @torch.no_grad()
+    def td_target(self, batch: ReplayBatch) -> torch.Tensor:
+        """y = R + γ^m (1 - d) (min_{j ∈ subset} Q̄_j(s', a') - α log π(a'|s')), a' ~ π(·|s'); the entropy term only
+        with `backup_entropy` and a stochastic actor."""
+        next_action, next_logprob = self.algo.target_action(batch.next_obs)
+        q_next = subset_min(self.target(batch.next_obs, next_action), self.cfg.num_min, self._gen)
+        if next_logprob is not None and self.cfg.backup_entropy:
+            q_next = q_next - self.algo.alpha() * next_logprob
+        return batch.reward + batch.discount * q_next
 
     def pretrain_critic(self) -> dict[str, float]:
         """`critic_pretrain_steps` critic steps on the demonstrations alone (before any rollout)."""

@@ -280,6 +280,40 @@ def test_filtered_bc_trains_only_on_successful_episodes():
     assert (mean < -0.8).all(), f"the policy should imitate only the successful chunks, got {mean[0, 0]}"
 
 
+
+@pytest.mark.parametrize("backup_entropy", [True, False])
+def test_the_critic_target_backs_up_the_entropy_only_when_asked(backup_entropy):
+    """SAC's soft target subtracts α log π(a'|s'); with `backup_entropy` off the target is R + γ^m (1 - d) min Q̄
+    whatever α is, so a sparse return bounds Q."""
+    env = ChunkedEnv(make_env(EnvConfig(type="toy", task="nav2d", num_envs=4, max_episode_steps=40,
+                                        control_mode="velocity_2d")), 1, 2)
+    norm = Normalizer.fit({"state": torch.randn(50, 4).numpy(), "action": torch.rand(50, 2).numpy() * 2 - 1},
+                          {"state": "meanstd", "action": "minmax"})
+    torch.manual_seed(0)
+    base = DiffusionPolicy(DiffusionPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(16,),
+                                                 num_train_timesteps=10), env.spec, norm)
+    algo = DSRL(base, DSRLConfig(actor_hidden=(16,), noise_aliasing=False))
+    critic = QEnsemble(["state"], 4, algo.action_dim, norm, hidden_dims=(16,))
+    learner = OffPolicy(algo, critic, env, OffPolicyConfig(batch_size=8, backup_entropy=backup_entropy))
+    learner.collect(steps=2)
+    batch = learner.sample(8)
+
+    def target(alpha: float) -> torch.Tensor:
+        algo.temperature.log_alpha.data.fill_(math.log(alpha))
+        torch.manual_seed(1)  # the same a' ~ π(·|s') for both α
+        return learner.td_target(batch)
+
+    small, large = target(1e-6), target(10.0)
+    torch.manual_seed(1)
+    next_action, logprob = algo.target_action(batch.next_obs)
+    assert torch.isfinite(logprob).all() and (batch.discount > 0).any()
+    if backup_entropy:
+        assert torch.allclose(large - small, -batch.discount * (10.0 - 1e-6) * logprob, rtol=1e-3, atol=1e-4)
+    else:
+        assert torch.equal(small, large)
+        assert torch.allclose(small, batch.reward + batch.discount * learner.target(batch.next_obs, next_action).min(0).values)
+    env.close()
+
 # -- the command line ----------------------------------------------------------------------------------------
 
 
