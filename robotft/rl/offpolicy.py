@@ -9,9 +9,9 @@ with the n-step soft Bellman target
     y = R + γ^m (1 - d) (min_{j ∈ subset} Q̄_j(s', a') - α log π(a'|s')),   a' ~ π(·|s'),
 
 (SAC, Haarnoja et al. 2018; min over a random subset of the target ensemble, REDQ; the entropy term is optional,
-`backup_entropy`), Polyak-averaged targets, and
-an actor step every `actor_every` critic steps. What is acted, what the critic's action is and how the actor
-learns come from an `OffPolicyAlgorithm` (dsrl, pa_rl, residual_sac, filtered_bc).
+`backup_entropy`), Polyak-averaged targets, and an actor step every `actor_every` critic steps. What is acted, what
+the critic's action is and how the actor learns come from an `OffPolicyAlgorithm` (dsrl, pa_rl, residual_sac,
+filtered_bc).
 
 Starting points, from the fine-tuning papers: the Q-function starts from scratch on top of the BC policy (PORL's
 policy-only initialisation, the default: no offline pessimism to unlearn); `warmup_steps` first fills the buffer
