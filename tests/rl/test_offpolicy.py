@@ -258,12 +258,18 @@ def test_the_base_chunk_memo_returns_the_bases_chunks_and_runs_it_only_on_new_hi
 # -- filtered BC ---------------------------------------------------------------------------------------------
 
 
-def test_filtered_bc_trains_only_on_successful_episodes():
-    """Successful episodes act -1, failed ones +1: filtered BC must pull the policy's mean towards -1 only."""
+def _toy_env_and_normalizer() -> tuple[ChunkedEnv, Normalizer]:
+    """4 nav2d envs chunked by 2 actions over a 1-step history, and a normalizer for their state and actions."""
     env = ChunkedEnv(make_env(EnvConfig(type="toy", task="nav2d", num_envs=4, max_episode_steps=40,
                                         control_mode="velocity_2d")), 1, 2)
     norm = Normalizer.fit({"state": torch.randn(50, 4).numpy(), "action": torch.rand(50, 2).numpy() * 2 - 1},
                           {"state": "meanstd", "action": "minmax"})
+    return env, norm
+
+
+def test_filtered_bc_trains_only_on_successful_episodes():
+    """Successful episodes act -1, failed ones +1: filtered BC must pull the policy's mean towards -1 only."""
+    env, norm = _toy_env_and_normalizer()
     policy = GaussianPolicy(GaussianPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(32,), bc_loss="mse"),
                             env.spec, norm)
     algo = FilteredBC(policy, FilteredBCConfig(lr=3e-3))
@@ -280,15 +286,11 @@ def test_filtered_bc_trains_only_on_successful_episodes():
     assert (mean < -0.8).all(), f"the policy should imitate only the successful chunks, got {mean[0, 0]}"
 
 
-
 @pytest.mark.parametrize("backup_entropy", [True, False])
 def test_the_critic_target_backs_up_the_entropy_only_when_asked(backup_entropy):
     """SAC's soft target subtracts α log π(a'|s'); with `backup_entropy` off the target is R + γ^m (1 - d) min Q̄
     whatever α is, so a sparse return bounds Q."""
-    env = ChunkedEnv(make_env(EnvConfig(type="toy", task="nav2d", num_envs=4, max_episode_steps=40,
-                                        control_mode="velocity_2d")), 1, 2)
-    norm = Normalizer.fit({"state": torch.randn(50, 4).numpy(), "action": torch.rand(50, 2).numpy() * 2 - 1},
-                          {"state": "meanstd", "action": "minmax"})
+    env, norm = _toy_env_and_normalizer()
     torch.manual_seed(0)
     base = DiffusionPolicy(DiffusionPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(16,),
                                                  num_train_timesteps=10), env.spec, norm)
@@ -313,6 +315,7 @@ def test_the_critic_target_backs_up_the_entropy_only_when_asked(backup_entropy):
         assert torch.equal(small, large)
         assert torch.allclose(small, batch.reward + batch.discount * learner.target(batch.next_obs, next_action).min(0).values)
     env.close()
+
 
 # -- the command line ----------------------------------------------------------------------------------------
 
