@@ -8,6 +8,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 extras="${1:-maniskill,dev}"
 venv="${ROBOTFT_VENV:-$repo/.venv}"
 python="${ROBOTFT_PYTHON:-python3}"
+min_free_gb=9
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -42,6 +43,19 @@ install_system_packages() {
   apt-get install -y -qq --no-install-recommends ffmpeg >/dev/null
 }
 
+check_free_disk() {
+  # A full install is ~8.5 GB (the CUDA build of torch with its NVIDIA libraries is ~5.3 GB of it); running out
+  # of disk halfway leaves a broken venv, so say so before starting.
+  local parent avail_gb
+  parent="$(dirname "$venv")"
+  avail_gb="$(df -Pk "$parent" | awk 'NR == 2 {printf "%d", $4 / 1048576}')"
+  if ((avail_gb < min_free_gb)); then
+    log "a full install needs about ${min_free_gb} GB free in $parent; it has ${avail_gb} GB."
+    log "Free some space, or point ROBOTFT_VENV at a disk that has it."
+    exit 1
+  fi
+}
+
 install_python_packages() {
   local stamp="$venv/.robotft-setup" want
   want="$(cat "$repo/pyproject.toml" "$repo/requirements/constraints.txt" | sha256sum | cut -c1-16)-$extras"
@@ -49,18 +63,19 @@ install_python_packages() {
     return 0
   fi
   if [[ ! -x "$venv/bin/python" ]]; then
+    check_free_disk
     log "creating virtualenv $venv"
     "$python" -m venv "$venv"
   fi
   log "installing robotft[$extras] into $venv (first time: a few minutes)"
-  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q --no-cache-dir --upgrade pip
   # torch first, from the pair on local disk, so nothing resolves a different build.
-  "$venv/bin/python" -m pip install -q -c "$repo/requirements/constraints.txt" torch torchvision
-  "$venv/bin/python" -m pip install -q -c "$repo/requirements/constraints.txt" -e "$repo[$extras]"
+  "$venv/bin/python" -m pip install -q --no-cache-dir -c "$repo/requirements/constraints.txt" torch torchvision
+  "$venv/bin/python" -m pip install -q --no-cache-dir -c "$repo/requirements/constraints.txt" -e "$repo[$extras]"
   if [[ ",$extras," == *",lerobot,"* ]]; then
     # lerobot 0.4.4 pins torch<2.11, which excludes the torch builds on these machines: its own
     # requirements come from the extra above, lerobot itself without its pins.
-    "$venv/bin/python" -m pip install -q -c "$repo/requirements/constraints.txt" --no-deps "lerobot==0.4.4"
+    "$venv/bin/python" -m pip install -q --no-cache-dir -c "$repo/requirements/constraints.txt" --no-deps "lerobot==0.4.4"
   fi
   echo "$want" >"$stamp"
 }
