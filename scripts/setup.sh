@@ -48,6 +48,7 @@ check_free_disk() {
   # of disk halfway leaves a broken venv, so say so before starting.
   local parent avail_gb
   parent="$(dirname "$venv")"
+  mkdir -p "$parent"
   avail_gb="$(df -Pk "$parent" | awk 'NR == 2 {printf "%d", $4 / 1048576}')"
   if ((avail_gb < min_free_gb)); then
     log "a full install needs about ${min_free_gb} GB free in $parent; it has ${avail_gb} GB."
