@@ -6,7 +6,8 @@ its actions rather than its likelihood:
 1. global step: draw `num_samples` chunks from the policy at an observation and keep the one the critic ranks
    highest, mean_j Q_j(o, a);
 2. local step: `local_steps` gradient-ascent steps on that chunk's executed part, a ← a + η ∇_a Q(o, a), clipped to
-   the action bounds;
+   the actions the policy can produce, keeping the point of the path the critic ranks highest (the reference
+   code's `keep_action_with_max_value`: a step that overshoots never makes the chunk worse by Q);
 3. distillation: train the policy with its own BC loss on the optimized chunks (`distill_steps` per actor step).
 
 Rollouts act with steps 1-2 (the policy proposes, the critic chooses); the critic's target uses step 1 (a max over
@@ -36,12 +37,13 @@ class PARLConfig:
 
     num_samples: int = 8
     """Chunks drawn from the policy per observation for the global (re-ranking) step."""
-    local_steps: int = 3
-    """Gradient-ascent steps on the best chunk's executed part (0: global step only)."""
-    local_lr: float = 0.01
-    """Step size η of the local step, normalized action units per unit of ∇_a Q."""
-    distill_lr: float = 1e-4
-    """Learning rate of the policy's BC loss on the optimized chunks."""
+    local_steps: int = 10
+    """Gradient-ascent steps on the best chunk's executed part (0: global step only); the reference code's 10."""
+    local_lr: float = 3e-4
+    """Step size η of the local step, normalized action units per unit of ∇_a Q (the reference code's 3e-4: the
+    gradient of a critic fitted to a few episodes is large and mostly wrong, and the global step does the work)."""
+    distill_lr: float = 5e-5
+    """Learning rate of the policy's BC loss on the optimized chunks (the reference code's 5e-5)."""
     distill_steps: int = 1
     """Policy gradient steps per actor step."""
 
@@ -90,21 +92,39 @@ class PARL(OffPolicyAlgorithm):
         best = q.argmax(dim=1) + torch.arange(batch, device=q.device) * n
         return chunks[best]
 
+    def normalized_bounds(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The box the local step stays in, normalized units `[A]`: the env's action bounds and, under a min-max
+        normalizer, the demonstrations' range [-1, 1], which the policies' samplers clip their actions to. A chunk
+        outside it is one the policy cannot produce, and distilling it poisons the BC loss (a diffusion policy's
+        loss went from 0.01 to 19 on chunks clipped only to the env's bounds)."""
+        norm = self.policy.normalizer
+        low = norm.normalize("action", self.low.to(device))
+        high = norm.normalize("action", self.high.to(device))
+        if norm.mode["action"] == "minmax":
+            low, high = low.clamp(min=-1.0), high.clamp(max=1.0)
+        return low, high
+
     def local_step(self, obs: Obs, chunk: torch.Tensor, critic: QEnsemble) -> torch.Tensor:
-        """`local_steps` ascent steps of the executed part on mean_j Q_j, clipped to the action bounds."""
+        """`local_steps` ascent steps of the executed part on mean_j Q_j within `normalized_bounds`; per chunk,
+        the point of the path (start included) with the highest mean_j Q_j."""
         if self.cfg.local_steps == 0 or self.cfg.local_lr == 0:
             return chunk
         norm = self.policy.normalizer
-        low, high = self.low.to(chunk.device), self.high.to(chunk.device)
-        x = norm.normalize("action", chunk[:, : self.act_steps]).detach()
-        for _ in range(self.cfg.local_steps):
+        low, high = self.normalized_bounds(chunk.device)
+        x = torch.clamp(norm.normalize("action", chunk[:, : self.act_steps]), low, high).detach()
+        best, best_q = x, torch.full(x.shape[:1], -torch.inf, device=x.device)
+        for step in range(self.cfg.local_steps + 1):
             with torch.enable_grad():  # rollouts run under no_grad; the ascent needs ∇_a Q all the same
                 x.requires_grad_(True)
-                grad, = torch.autograd.grad(critic(obs, x.flatten(1)).mean(dim=0).sum(), x)
-            x = norm.normalize("action", torch.clamp(norm.unnormalize("action", x + self.cfg.local_lr * grad),
-                                                     low, high)).detach()
+                q = critic(obs, x.flatten(1)).mean(dim=0)
+                grad, = torch.autograd.grad(q.sum(), x)
+            x, q = x.detach(), q.detach()
+            better = q > best_q
+            best, best_q = torch.where(better[:, None, None], x, best), torch.where(better, q, best_q)
+            if step < self.cfg.local_steps:
+                x = torch.clamp(x + self.cfg.local_lr * grad, low, high)
         out = chunk.clone()
-        out[:, : self.act_steps] = norm.unnormalize("action", x)
+        out[:, : self.act_steps] = norm.unnormalize("action", best)
         return out
 
     def improve(self, obs: Obs, critic: QEnsemble) -> torch.Tensor:

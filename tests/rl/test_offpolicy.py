@@ -198,6 +198,38 @@ def test_pa_rl_distillation_lowers_the_bc_loss_on_the_optimized_actions():
     assert bc_after < 0.9 * bc_before, f"distillation should fit the optimized actions: {bc_before:.3f} -> {bc_after:.3f}"
 
 
+def test_pa_rl_local_step_stays_in_the_demonstrations_range_and_never_lowers_q():
+    """The ascent is clipped to the actions the policy can produce (a min-max normalizer's [-1, 1], here narrower
+    than the env's bounds of ±1) and keeps the best point of its path: with steps that overshoot a concave Q's
+    peak, the chunk it returns scores at least as high as the one it started from."""
+    spec, _ = tiny_spec_and_normalizer()
+    torch.manual_seed(0)
+    norm = Normalizer.fit({"state": torch.randn(50, 3).numpy(), "action": (0.4 * torch.rand(50, 2) - 0.2).numpy()},
+                          {"state": "meanstd", "action": "minmax"})
+    policy = GaussianPolicy(GaussianPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(32,)), spec, norm)
+    algo = PARL(policy, PARLConfig(local_steps=5, local_lr=100.0))
+    obs = {"state": torch.randn(8, 1, 3)}
+    chunk = policy.predict_chunk(obs, deterministic=False)
+
+    def uphill(o, a):
+        return 1000.0 * a.sum(dim=1)[None]
+
+    out = algo.local_step(obs, chunk, uphill)
+    edge = norm.unnormalize("action", torch.ones(2))
+    assert edge.max() < 0.2
+    torch.testing.assert_close(out[:, :2], edge.expand(8, 2, 2))
+    assert torch.equal(out[:, 2:], chunk[:, 2:])
+
+    def peak(o, a):
+        return -((a - 0.05) ** 2).sum(dim=1)[None]
+
+    def q(c):
+        return peak(obs, norm.normalize("action", c[:, :2]).flatten(1))[0]
+
+    out = algo.local_step(obs, chunk, peak)
+    assert (q(out) >= q(chunk) - 1e-6).all()
+
+
 def test_residual_sac_explores_progressively_around_its_base_within_the_bound():
     """Policy Decorator's controls: at env step 0 of a progressive schedule every chunk is the base's; once the
     schedule has run out every chunk carries the residual, at most `residual_bound` normalized units from the base;
