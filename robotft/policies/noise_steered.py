@@ -80,8 +80,8 @@ class NoiseSteeredPolicy(Policy):
         return self
 
     def features(self, obs: Obs) -> torch.Tensor:
-        """`[B, F]` the normalized low-dim history the actor reads, clipped to ±5 (RL leaves the data's range)."""
-        return flatten_obs(obs, self.obs_shapes, self.normalizer).clamp(-5.0, 5.0)
+        """`[B, F]` the normalized low-dim history the actor reads (clipped: RL leaves the data's range)."""
+        return flatten_obs(obs, self.obs_shapes, self.normalizer)
 
     def noise(self, obs: Obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """`(w [B, H·A], log π_ψ(w | o) [B])`, reparameterised (gradients reach ψ)."""
