@@ -94,9 +94,8 @@ class PARL(OffPolicyAlgorithm):
 
     def normalized_bounds(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The box the local step stays in, normalized units `[A]`: the env's action bounds and, under a min-max
-        normalizer, the demonstrations' range [-1, 1], which the policies' samplers clip their actions to. A chunk
-        outside it is one the policy cannot produce, and distilling it poisons the BC loss (a diffusion policy's
-        loss went from 0.01 to 19 on chunks clipped only to the env's bounds)."""
+        normalizer, the demonstrations' range [-1, 1], which the policies' samplers clip their actions to: a chunk
+        outside it is one the policy cannot produce, and distillation would chase it."""
         norm = self.policy.normalizer
         low = norm.normalize("action", self.low.to(device))
         high = norm.normalize("action", self.high.to(device))
