@@ -44,14 +44,14 @@ install_system_packages() {
 }
 
 check_free_disk() {
-  # A full install is ~8.5 GB (the CUDA build of torch with its NVIDIA libraries is ~5.3 GB of it); running out
+  # A full install is ~8.5 GiB (the CUDA build of torch with its NVIDIA libraries is ~5.3 GiB of it); running out
   # of disk halfway leaves a broken venv, so say so before starting.
   local parent avail_gb
   parent="$(dirname "$venv")"
   mkdir -p "$parent"
   avail_gb="$(df -Pk "$parent" | awk 'NR == 2 {printf "%d", $4 / 1048576}')"
   if ((avail_gb < min_free_gb)); then
-    log "a full install needs about ${min_free_gb} GB free in $parent; it has ${avail_gb} GB."
+    log "a full install needs about ${min_free_gb} GiB free in $parent; it has ${avail_gb} GiB."
     log "Free some space, or point ROBOTFT_VENV at a disk that has it."
     exit 1
   fi
