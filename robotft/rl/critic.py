@@ -7,6 +7,7 @@ from torch import nn
 
 from robotft.datasets.normalizer import Normalizer
 from robotft.envs.base import Obs
+from robotft.policies.encoders import OBS_CLIP
 
 
 class ValueCritic(nn.Module):
@@ -21,7 +22,7 @@ class ValueCritic(nn.Module):
         normalizer: Normalizer,
         hidden_dims: tuple[int, ...] = (256, 256, 256),
         extra_dim: int = 0,
-        input_clip: float = 5.0,
+        input_clip: float = OBS_CLIP,
     ) -> None:
         super().__init__()
         self.input_clip = input_clip

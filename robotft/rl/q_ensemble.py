@@ -15,6 +15,7 @@ from torch import nn
 
 from robotft.datasets.normalizer import Normalizer
 from robotft.envs.base import Obs
+from robotft.policies.encoders import OBS_CLIP
 from robotft.rl.critic import critic_features
 
 
@@ -37,7 +38,7 @@ class QEnsemble(nn.Module):
     Each member: (Linear → LayerNorm → ReLU) per hidden width, then Linear to one value (RLPD's critic)."""
 
     def __init__(self, obs_keys: list[str], obs_dim: int, action_dim: int, normalizer: Normalizer,
-                 hidden_dims: tuple[int, ...] = (256, 256), ensemble: int = 2, input_clip: float = 5.0) -> None:
+                 hidden_dims: tuple[int, ...] = (256, 256), ensemble: int = 2, input_clip: float = OBS_CLIP) -> None:
         super().__init__()
         if ensemble < 2:
             raise ValueError(f"offpolicy.num_critics must be >= 2 (the target takes a minimum), got {ensemble}")
