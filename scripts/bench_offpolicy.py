@@ -107,11 +107,11 @@ def _finetune(args: argparse.Namespace, env: str, algo: str, seed: int, source: 
     run_stage(f"{env}:{algo}_seed{seed}", argv, stages)
 
 
-def to_target(mean_curve: list[dict], target: float, prefix: str = "") -> dict:
+def to_target(mean_curve: list[dict], target: float | None, prefix: str = "") -> dict:
     """The first evaluation whose mean success reaches `target`: its env steps and wall seconds (None if never, or
-    if the target is 0: DPPO never succeeded, so there is nothing to reach)."""
+    if there is no target or it is 0: DPPO never succeeded or never gained, so there is nothing to reach)."""
     for point in mean_curve:
-        if target > 0 and point["success_mean"] >= target:
+        if target and point["success_mean"] >= target:
             return {f"{prefix}env_steps_to_target": point["env_steps"],
                     f"{prefix}wall_seconds_to_target": point["wall_seconds"]}
     return {f"{prefix}env_steps_to_target": None, f"{prefix}wall_seconds_to_target": None}
@@ -129,7 +129,7 @@ def with_ratios(summary: dict, targets: dict[str, float | None]) -> None:
     where DPPO's start already meets the threshold: there is no env-step count to divide by)."""
     for prefix, target in targets.items():
         for res in summary.values():
-            res.update(to_target(res["mean_curve"], target if target is not None else 0.0, prefix))
+            res.update(to_target(res["mean_curve"], target, prefix))
         ref = summary["dppo"][f"{prefix}env_steps_to_target"]
         for res in summary.values():
             steps = res[f"{prefix}env_steps_to_target"]
