@@ -16,6 +16,11 @@ Obs = dict[str, torch.Tensor]
 """Observation dict with fixed keys (`state`, `rgb/<camera>`, `depth/<camera>`), each `[B, ...]`."""
 
 
+def repeat_obs(obs: Obs, n: int) -> Obs:
+    """Each observation of a batch repeated `n` times in place: row b·n + i is observation b."""
+    return {k: v.repeat_interleave(n, dim=0) for k, v in obs.items()}
+
+
 class BatchedEnv(abc.ABC):
     """`num_envs` environments stepped together; all tensors live on `self.device`.
 

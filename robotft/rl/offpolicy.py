@@ -17,7 +17,9 @@ Starting points, from the fine-tuning papers: the Q-function starts from scratch
 policy-only initialisation, the default: no offline pessimism to unlearn); `warmup_steps` first fills the buffer
 with rollouts of the initial policy (WSRL, Zhou et al. 2024, arXiv 2412.07762: a small warm-up instead of keeping
 the offline data); `critic_warmup_iters` trains only the critic at the start so the actor does not follow a random
-Q; `critic_pretrain_steps` fits the critic on the demonstrations alone before any rollout.
+Q; `critic_pretrain_steps` fits the critic on the demonstrations alone before any rollout, and
+`conservative_weight` adds Cal-QL's calibrated conservative term to the critic's loss (robotft.rl.conservative),
+so that a critic fitted to demonstrations, all of them successes, does not rate every action as one.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from torch import nn
 from robotft.envs.base import Obs
 from robotft.envs.chunked import ChunkedEnv
 from robotft.policies.base import Policy
+from robotft.rl.conservative import conservative_penalty
 from robotft.rl.q_ensemble import QEnsemble, polyak, subset_min
 from robotft.rl.replay import ChunkReplayBuffer, ReplayBatch
 
@@ -95,6 +98,16 @@ class OffPolicyConfig:
     minibatch; empty: online data only."""
     demo_ratio: float = 0.5
     """Fraction of each minibatch drawn from `demo_data` (RLPD's symmetric sampling: 0.5)."""
+    conservative_weight: float = 0.0
+    """α of CQL's conservative term in the critic's loss, α · (log Σ_a exp Q(s, a) - Q(s, a_data)) over random
+    and policy actions (robotft.rl.conservative), in pre-training and online alike; 0 turns it off (PORL's
+    unregularised Q). Cal-QL's and DPPO's robomimic runs use 5."""
+    conservative_random: int = 4
+    """Uniform random critic actions per observation in the conservative term (in [-1, 1], the normalized
+    action range)."""
+    calibrated: bool = True
+    """Cal-QL: the conservative term never pushes a policy action's Q below the data's Monte-Carlo
+    return-to-go; False is plain CQL."""
 
     def __post_init__(self) -> None:
         for name in ("steps_per_iter", "batch_size", "buffer_size", "n_step", "num_critics", "num_min",
@@ -111,6 +124,9 @@ class OffPolicyConfig:
             raise ValueError("offpolicy.warmup_steps, critic_warmup_iters and critic_pretrain_steps must be >= 0")
         if self.critic_pretrain_steps and not self.demo_data:
             raise ValueError("offpolicy.critic_pretrain_steps needs offpolicy.demo_data (a dataset store)")
+        if self.conservative_weight < 0 or self.conservative_random < 0:
+            raise ValueError(f"offpolicy.conservative_weight and offpolicy.conservative_random must be >= 0, got "
+                             f"{self.conservative_weight} and {self.conservative_random}")
 
 
 class OffPolicyAlgorithm(abc.ABC):
@@ -157,6 +173,11 @@ class OffPolicyAlgorithm(abc.ABC):
         """`(a' [N, action_dim], log π(a'|s') [N] or None)` for the Bellman target (no gradients needed)."""
         raise NotImplementedError(f"{self.name} trains no critic")
 
+    def policy_action(self, obs: Obs) -> torch.Tensor:
+        """`[N, action_dim]` one sample of the current policy's critic action per observation (no gradients), where
+        the conservative term pushes Q down; by default the Bellman target's action."""
+        return self.target_action(obs)[0]
+
     def alpha(self) -> float:
         """The entropy coefficient of the soft target (0: a plain Bellman target)."""
         return 0.0
@@ -198,6 +219,7 @@ def concat_batches(a: ReplayBatch, b: ReplayBatch) -> ReplayBatch:
         reward=torch.cat([a.reward, b.reward]), discount=torch.cat([a.discount, b.discount]),
         next_obs={k: torch.cat([a.next_obs[k], b.next_obs[k]]) for k in a.next_obs},
         success=torch.cat([a.success, b.success]),
+        return_to_go=None if a.return_to_go is None else torch.cat([a.return_to_go, b.return_to_go]),
     )
 
 
@@ -273,7 +295,8 @@ class OffPolicy:
                 continue
             idx = buf.sample_indices(k, self._gen, only_success=only_successful)
             if idx.numel():
-                parts.append(buf.batch(idx, cfg.n_step, cfg.gamma, cfg.reward_offset))
+                parts.append(buf.batch(idx, cfg.n_step, cfg.gamma, cfg.reward_offset,
+                                       return_to_go=cfg.conservative_weight > 0 and cfg.calibrated))
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else concat_batches(*parts)
@@ -312,18 +335,35 @@ class OffPolicy:
         return out
 
     def _critic_step(self, batch: ReplayBatch) -> dict[str, float]:
-        """One step on Σ_j mean (Q_j(s, a) - y)² with the soft n-step target y of the module docstring."""
+        """One step on Σ_j mean (Q_j(s, a) - y)² with the soft n-step target y of the module docstring, plus
+        `conservative_weight` × the conservative term of each critic."""
         cfg, critic = self.cfg, self.critic
         target = self.td_target(batch)
         q = critic(batch.obs, batch.action)
         loss = ((q - target[None]) ** 2).mean(dim=1).sum()
+        metrics = {}
+        if cfg.conservative_weight > 0:
+            penalty = self._conservative_penalty(batch, q)
+            loss = loss + cfg.conservative_weight * penalty.sum()
+            metrics["conservative_penalty"] = penalty.mean().item()
         self.critic_opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.max_grad_norm > 0:
             nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
         self.critic_opt.step()
         polyak(self.target, critic, cfg.tau)
-        return {"critic_loss": loss.item() / q.shape[0], "q_mean": q.mean().item(), "target_mean": target.mean().item()}
+        return {"critic_loss": loss.item() / q.shape[0], "q_mean": q.mean().item(), "target_mean": target.mean().item(),
+                **metrics}
+
+    def _conservative_penalty(self, batch: ReplayBatch, q_data: torch.Tensor) -> torch.Tensor:
+        """`[E]` the conservative term of each critic on `batch` (robotft.rl.conservative.conservative_penalty)."""
+        with torch.no_grad():
+            policy_action = self.algo.policy_action(batch.obs)
+            next_policy_action = self.algo.policy_action(batch.next_obs)
+        size = (len(batch), self.cfg.conservative_random, batch.action.shape[1])
+        random_action = torch.rand(size, generator=self._gen).to(self.device) * 2 - 1
+        return conservative_penalty(self.critic, batch.obs, batch.next_obs, q_data, policy_action,
+                                    next_policy_action, random_action, batch.return_to_go)
 
     @torch.no_grad()
     def td_target(self, batch: ReplayBatch) -> torch.Tensor:

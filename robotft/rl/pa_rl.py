@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from robotft.envs.base import Obs
+from robotft.envs.base import Obs, repeat_obs
 from robotft.policies.base import Policy
 from robotft.rl.algorithm import register_algorithm
 from robotft.rl.offpolicy import OffPolicyAlgorithm, executed_action
@@ -52,11 +52,6 @@ class PARLConfig:
             raise ValueError("pa_rl.num_samples and pa_rl.distill_steps must be >= 1, pa_rl.local_steps >= 0")
         if self.local_lr < 0 or self.distill_lr <= 0:
             raise ValueError("pa_rl.local_lr must be >= 0 and pa_rl.distill_lr > 0")
-
-
-def repeat_obs(obs: Obs, n: int) -> Obs:
-    """Each history repeated `n` times in place: row b·n + i is observation b."""
-    return {k: v.repeat_interleave(n, dim=0) for k, v in obs.items()}
 
 
 @register_algorithm
@@ -146,6 +141,12 @@ class PARL(OffPolicyAlgorithm):
     @torch.no_grad()
     def target_action(self, obs: Obs) -> tuple[torch.Tensor, None]:
         return self.critic_action_from_chunk(self.global_step(obs, self.critic)), None
+
+    @torch.no_grad()
+    def policy_action(self, obs: Obs) -> torch.Tensor:
+        """One sample of the policy itself, not the best of `num_samples`: what the conservative term pushes down is
+        the policy's own distribution."""
+        return self.critic_action_from_chunk(self.policy.predict_chunk(obs, deterministic=False))
 
     def distill(self, obs: Obs, targets: torch.Tensor) -> list[float]:
         """`distill_steps` steps of the policy's own BC loss towards `targets` `[B, H, A]`; the losses before each."""

@@ -12,7 +12,9 @@ in slot i lies in slot i + stride. n-step returns are formed at sampling time by
     R = Σ_{k<m} γ^k r_{t+k},   bootstrap γ^m Q(s_{t+m}, ·) unless the episode terminated within the m steps,
 
 where m ≤ n stops at the end of an episode (or of the stream: a restart of the envs, a resume, the write head).
-When an episode ends, its transitions are labelled with its success (`success`), which filtered BC samples by.
+When an episode ends, its transitions are labelled with its success (`success`), which filtered BC samples by, and
+its last one is marked `ended`; the Monte-Carlo return-to-go of a transition (Cal-QL's reference value, see
+`returns_to_go`) walks the stream to that mark.
 
 State is saved as tensors (robotft.checkpoint's safetensors training state, no pickle); `load_state_dict` restores
 it exactly, so a resumed run continues with the same buffer.
@@ -47,6 +49,9 @@ class ReplayBatch:
     """Histories to bootstrap from (m chunks later)."""
     success: torch.Tensor
     """`[N]` bool: the transition's episode ended in success."""
+    return_to_go: torch.Tensor | None = None
+    """`[N]` discounted return from the transition to the end of its episode, -inf where the episode had not ended
+    when sampled (asked for with `batch(..., return_to_go=True)`)."""
 
     def __len__(self) -> int:
         return self.reward.shape[0]
@@ -85,7 +90,8 @@ class ChunkReplayBuffer:
         if reward.shape != (self.stride,):
             raise ValueError(f"replay add: reward must be [{self.stride}], got {tuple(reward.shape)}")
         rows = {"action": action.reshape(self.stride, -1), "chunk": chunk, "reward": reward.float(),
-                "terminated": terminated.bool(), "boundary": done.bool(), "success": torch.zeros_like(done.bool())}
+                "terminated": terminated.bool(), "boundary": done.bool(), "ended": done.bool(),
+                "success": torch.zeros_like(done.bool())}
         if not self.data:
             self._allocate(obs, rows)
         sl = slice(self.pos, self.pos + self.stride)
@@ -121,7 +127,8 @@ class ChunkReplayBuffer:
     def end_streams(self) -> None:
         """Mark the newest transition of every stream as the end of its stream: the envs restart (after an
         evaluation on the training envs, or a resume), so n-step returns must not run on into the new episodes.
-        Their unfinished episodes keep success False (the bootstrap from the stored next observation stands)."""
+        Their unfinished episodes keep success False (the bootstrap from the stored next observation stands) and
+        have no return-to-go (they are not marked `ended`)."""
         if self.size == 0:
             return
         last = (self.pos - self.stride) % self.capacity
@@ -143,9 +150,11 @@ class ChunkReplayBuffer:
             return pool[pick]
         return torch.randint(0, self.size, (n,), generator=generator).to(self.device)
 
-    def batch(self, idx: torch.Tensor, n_step: int, gamma: float, reward_offset: float = 0.0) -> ReplayBatch:
+    def batch(self, idx: torch.Tensor, n_step: int, gamma: float, reward_offset: float = 0.0,
+              return_to_go: bool = False) -> ReplayBatch:
         """The n-step transitions starting at slots `idx` (see the module docstring), `reward_offset` added to every
-        transition's stored reward (the stored rewards stay as collected)."""
+        transition's stored reward (the stored rewards stay as collected); with `return_to_go`, their
+        `returns_to_go` too."""
         d = self.data
         reward = torch.zeros(idx.shape[0], device=self.device)
         discount = torch.ones(idx.shape[0], device=self.device)
@@ -157,8 +166,7 @@ class ChunkReplayBuffer:
                 # Continue only within the stream: the previous step did not end it, and it is not in the newest
                 # batch (whose successors are not written yet).
                 nxt = (cur + self.stride) % self.capacity
-                behind_head = ((self.pos - 1 - cur) % self.capacity) >= self.stride
-                can = alive & ~d["boundary"][cur] & behind_head
+                can = alive & ~d["boundary"][cur] & self._behind_head(cur)
                 alive = can
                 cur = torch.where(alive, nxt, cur)
             reward = reward + torch.where(alive, discount * (d["reward"][cur] + reward_offset), 0.0)
@@ -169,7 +177,32 @@ class ChunkReplayBuffer:
             obs={k: v[idx] for k, v in self.obs.items()},
             action=d["action"][idx], chunk=d["chunk"][idx], reward=reward, discount=discount,
             next_obs={k: v[last] for k, v in self.next_obs.items()}, success=d["success"][idx],
+            return_to_go=self.returns_to_go(idx, gamma, reward_offset) if return_to_go else None,
         )
+
+    def _behind_head(self, slot: torch.Tensor) -> torch.Tensor:
+        """Whether the stream's next transition after `slot` is written (it is not in the newest batch)."""
+        return ((self.pos - 1 - slot) % self.capacity) >= self.stride
+
+    def returns_to_go(self, idx: torch.Tensor, gamma: float, reward_offset: float = 0.0) -> torch.Tensor:
+        """`[N]` Monte-Carlo returns G_t = Σ_{k ≥ 0} γ^k (r_{t+k} + offset) to the end of each transition's episode
+        (a termination or a time limit), walking its stream; -inf where the walk meets the end of the stream
+        first (an episode still running, or cut short by a restart of the envs): no return is known there."""
+        d = self.data
+        ret = torch.zeros(idx.shape[0], device=self.device)
+        weight = torch.ones(idx.shape[0], device=self.device)
+        known = torch.zeros(idx.shape[0], dtype=torch.bool, device=self.device)
+        alive = torch.ones_like(known)
+        cur = idx.clone()
+        for _ in range(self.capacity // self.stride):
+            ret = ret + torch.where(alive, weight * (d["reward"][cur] + reward_offset), 0.0)
+            weight = weight * gamma
+            known = known | (alive & d["ended"][cur])
+            alive = alive & ~d["boundary"][cur] & self._behind_head(cur)
+            if not bool(alive.any()):
+                break
+            cur = torch.where(alive, (cur + self.stride) % self.capacity, cur)
+        return torch.where(known, ret, torch.full_like(ret, -torch.inf))
 
     def recent_obs(self, n: int) -> Obs:
         """Up to `n` of the most recently added observation histories (for the KL-to-base monitor)."""
@@ -204,6 +237,8 @@ class ChunkReplayBuffer:
                 return full
 
             self.data = {k: grow(v) for k, v in state["data"].items()}
+            # Runs saved before episode ends were marked apart from stream ends: every boundary counts as one.
+            self.data.setdefault("ended", self.data["boundary"].clone())
             self.obs = {k: grow(v) for k, v in state["obs"].items()}
             self.next_obs = {k: grow(v) for k, v in state["next_obs"].items()}
         self._episode = [t.tolist() for t in state["episode"]]
@@ -280,6 +315,7 @@ def store_transitions(path: str | Path, obs_keys: list[str], obs_steps: int, hor
     buf.data = {"action": chunks[:, :act_steps].flatten(1), "chunk": chunks,
                 "reward": torch.tensor(lists["reward"], dtype=torch.float32),
                 "terminated": torch.tensor(lists["terminated"]), "boundary": torch.tensor(lists["done"]),
+                "ended": torch.tensor(lists["done"]),
                 "success": torch.tensor(lists["success"])}
     buf.data = {k: v.to(buf.device) for k, v in buf.data.items()}
     buf.obs = {k: stack(v).to(buf.device) for k, v in obs_l.items()}

@@ -1,6 +1,7 @@
 """The off-policy algorithms: each raises success on the toy suite; a killed and resumed run keeps its replay buffer
 and counters; DSRL leaves its base bit-identical and decodes deterministically; PA-RL's distillation lowers the BC
-loss on the optimized actions; filtered BC learns only from successful episodes."""
+loss on the optimized actions; filtered BC learns only from successful episodes; the calibrated conservative critic
+ranks the demonstrations first at their true value."""
 
 import dataclasses
 import json
@@ -26,7 +27,7 @@ from robotft.rl.offpolicy import OffPolicy, OffPolicyConfig
 from robotft.rl.pa_rl import PARL, PARLConfig
 from robotft.rl.ppo import PPOConfig
 from robotft.rl.q_ensemble import QEnsemble
-from robotft.rl.replay import ReplayBatch
+from robotft.rl.replay import ChunkReplayBuffer, ReplayBatch
 from robotft.rl.residual_sac import BaseChunkMemo, ResidualSAC, ResidualSACConfig
 from robotft.runlog import read_metrics
 
@@ -297,6 +298,48 @@ def _toy_env_and_normalizer() -> tuple[ChunkedEnv, Normalizer]:
     norm = Normalizer.fit({"state": torch.randn(50, 4).numpy(), "action": torch.rand(50, 2).numpy() * 2 - 1},
                           {"state": "meanstd", "action": "minmax"})
     return env, norm
+
+
+def _pretrained_critic_values(conservative_weight: float, calibrated: bool) -> dict[str, float]:
+    """Fit a critic to demonstrations alone (64 successful episodes of 4 chunks, every action -0.8 normalized)
+    under PA-RL with an untrained policy (actions near 0): mean Q - G at the data's, the policy's and random
+    actions, G the Monte-Carlo return-to-go."""
+    env, norm = _toy_env_and_normalizer()
+    torch.manual_seed(0)
+    policy = GaussianPolicy(GaussianPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(32,)), env.spec, norm)
+    algo = PARL(policy, PARLConfig(num_samples=1, local_steps=0))
+    critic = QEnsemble(["state"], 4, algo.action_dim, norm, hidden_dims=(32, 32))
+    episodes, length = 64, 4
+    demos = ChunkReplayBuffer(episodes * length, 1)
+    chunk = norm.unnormalize("action", torch.full((1, 4, 2), -0.8))
+    for _ in range(episodes):
+        states = torch.randn(length + 1, 1, 1, 4)
+        for t in range(length):
+            last = torch.tensor([t == length - 1])
+            demos.add({"state": states[t]}, algo.critic_action_from_chunk(chunk), chunk, last.float(),
+                      {"state": states[t + 1]}, last, last, last)
+    cfg = OffPolicyConfig(batch_size=64, gamma=0.9, conservative_weight=conservative_weight, calibrated=calibrated)
+    learner = OffPolicy(algo, critic, env, cfg, demos=demos)
+    learner.update(num_updates=300, train_actor=False)
+    b = demos.batch(torch.arange(len(demos)), 1, 0.9, return_to_go=True)
+    with torch.no_grad():
+        values = {"data": critic(b.obs, b.action), "policy": critic(b.obs, algo.policy_action(b.obs)),
+                  "random": critic(b.obs, torch.rand_like(b.action) * 2 - 1)}
+    env.close()
+    return {k: (v.mean(0) - b.return_to_go).mean().item() for k, v in values.items()}
+
+
+def test_calibrated_conservative_critic_ranks_the_demonstrations_first_at_their_true_value():
+    """Cal-QL's claim on demonstrations that are all successes: without the conservative term the critic rates the
+    policy's actions (far from the data's) like the data's; with it they rank well below, and calibration keeps
+    the data's own Q at their Monte-Carlo return where plain CQL drags it far under."""
+    plain = _pretrained_critic_values(0.0, calibrated=True)
+    assert abs(plain["policy"] - plain["data"]) < 0.5, plain
+    calql = _pretrained_critic_values(5.0, calibrated=True)
+    assert calql["policy"] < calql["data"] - 1.0 and calql["random"] < calql["data"] - 1.0, calql
+    assert calql["data"] > -0.3, f"the data's Q should sit at their return-to-go: {calql}"
+    cql = _pretrained_critic_values(5.0, calibrated=False)
+    assert cql["data"] < -1.0, f"plain CQL should underestimate the data's return: {cql}"
 
 
 def test_filtered_bc_trains_only_on_successful_episodes():

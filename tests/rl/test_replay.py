@@ -1,6 +1,8 @@
 """The chunk replay buffer: n-step returns within streams, truncation vs termination, success labels, exact
 save/restore through a checkpoint's safetensors training state, and dataset stores (demos, deployments) as chunks."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -55,6 +57,31 @@ def test_end_streams_cuts_n_step_returns_after_a_restart():
     assert b.reward.item() == 1.0 and b.discount.item() == 1.0
 
 
+def test_returns_to_go_run_to_the_episode_end_and_are_unknown_while_it_runs():
+    """Cal-QL's reference value: G_t = Σ γ^k (r + offset) to the end of the episode, whether it terminated or hit
+    its time limit; -inf for an episode still running or cut off by a restart of the envs."""
+    buf = ChunkReplayBuffer(capacity=20, stride=2)
+    # stream 0: rewards 1, 2, 4 then terminates; stream 1: 10, 20 then truncated by the time limit.
+    _add(buf, 0, [1.0, 10.0])
+    _add(buf, 1, [2.0, 20.0], done=[False, True])
+    _add(buf, 2, [4.0, 40.0], terminated=[True, False], done=[True, False], success=[True, False])
+    _add(buf, 3, [8.0, 80.0])
+    g = buf.returns_to_go(torch.tensor([0, 2, 4, 1, 3, 5, 6]), gamma=0.5)
+    assert g.tolist() == [1 + 1 + 1.0, 2 + 2.0, 4.0, 10 + 10.0, 20.0, -math.inf, -math.inf]
+    assert buf.returns_to_go(torch.tensor([0, 1]), gamma=0.5, reward_offset=-1.0).tolist() == [0 + 0.5 + 0.75, 9 + 9.5]
+    buf.end_streams()
+    _add(buf, 4, [1.0, 1.0], done=[True, True])
+    assert buf.returns_to_go(torch.tensor([6, 7, 8]), gamma=0.5).tolist() == [-math.inf, -math.inf, 1.0]
+    b = buf.batch(torch.tensor([0, 6]), n_step=1, gamma=0.5, return_to_go=True)
+    assert b.return_to_go.tolist() == [3.0, -math.inf] and buf.batch(torch.tensor([0]), 1, 0.5).return_to_go is None
+    restored = ChunkReplayBuffer(capacity=20, stride=2)
+    tensors = {}
+    skeleton = flatten_state(buf.state_dict(), "s", tensors)
+    restored.load_state_dict(unflatten_state(skeleton, tensors))
+    idx = torch.arange(10)
+    assert torch.equal(restored.returns_to_go(idx, 0.5), buf.returns_to_go(idx, 0.5))
+
+
 def test_ring_wraps_and_save_restore_is_exact():
     buf = ChunkReplayBuffer(capacity=6, stride=2)
     for t in range(5):
@@ -105,6 +132,8 @@ def test_store_episodes_become_chunk_transitions(tmp_path):
     assert d["terminated"].tolist() == [False, False, True, False, False]
     assert d["boundary"].tolist() == [False, False, True, False, True]  # the failure ends by truncation
     assert d["success"].tolist() == [True, True, True, False, False]
+    # Every episode of a store has ended: each transition has its return-to-go.
+    assert buf.returns_to_go(torch.arange(5), gamma=0.5).tolist() == [3.25, 2.5, 1.0, 2.5, 1.0]
 
 
 def test_recorded_deployment_without_reward_uses_the_operator_label(tmp_path):
