@@ -124,9 +124,9 @@ class OffPolicyConfig:
             raise ValueError("offpolicy.warmup_steps, critic_warmup_iters and critic_pretrain_steps must be >= 0")
         if self.critic_pretrain_steps and not self.demo_data:
             raise ValueError("offpolicy.critic_pretrain_steps needs offpolicy.demo_data (a dataset store)")
-        if self.conservative_weight < 0 or self.conservative_random < 0:
-            raise ValueError(f"offpolicy.conservative_weight and offpolicy.conservative_random must be >= 0, got "
-                             f"{self.conservative_weight} and {self.conservative_random}")
+        if self.conservative_weight < 0 or self.conservative_random < 1:
+            raise ValueError(f"offpolicy.conservative_weight must be >= 0 and offpolicy.conservative_random >= 1, "
+                             f"got {self.conservative_weight} and {self.conservative_random}")
 
 
 class OffPolicyAlgorithm(abc.ABC):
@@ -340,11 +340,11 @@ class OffPolicy:
         cfg, critic = self.cfg, self.critic
         target = self.td_target(batch)
         q = critic(batch.obs, batch.action)
-        loss = ((q - target[None]) ** 2).mean(dim=1).sum()
-        metrics = {}
+        td_loss = ((q - target[None]) ** 2).mean(dim=1).sum()
+        loss, metrics = td_loss, {}
         if cfg.conservative_weight > 0:
             penalty = self._conservative_penalty(batch, q)
-            loss = loss + cfg.conservative_weight * penalty.sum()
+            loss = td_loss + cfg.conservative_weight * penalty.sum()
             metrics["conservative_penalty"] = penalty.mean().item()
         self.critic_opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -352,7 +352,7 @@ class OffPolicy:
             nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
         self.critic_opt.step()
         polyak(self.target, critic, cfg.tau)
-        return {"critic_loss": loss.item() / q.shape[0], "q_mean": q.mean().item(), "target_mean": target.mean().item(),
+        return {"critic_loss": td_loss.item() / q.shape[0], "q_mean": q.mean().item(), "target_mean": target.mean().item(),
                 **metrics}
 
     def _conservative_penalty(self, batch: ReplayBatch, q_data: torch.Tensor) -> torch.Tensor:

@@ -417,10 +417,12 @@ def test_demonstrations_from_a_store_feed_the_update_and_dsrl_sac_refuses_them(t
     action critic takes them, DSRL-SAC's critic acts in noise space, which demonstrations do not record."""
     out = run_finetune(_offpolicy_cfg(weak_gaussian_bc, tmp_path / "rsac", "residual_sac", 1,
                                       offpolicy={"demo_data": str(toy_demos), "critic_pretrain_steps": 5,
-                                                 "warmup_steps": 2}))
+                                                 "warmup_steps": 2, "conservative_weight": 5.0}))
     rows = read_metrics(out)
     warm = [r for r in rows if "warmup/critic_loss" in r]
     assert warm and warm[0]["step"] == 0 and warm[0]["warmup/updates"] == 5
+    assert warm[0]["warmup/conservative_penalty"] > 0, "Cal-QL's term runs in pre-training"
+    assert any(r.get("train/conservative_penalty", 0) > 0 for r in rows), "and online"
     assert any("warmup/env_steps" in r for r in rows)
     final = ckpt_io.read_checkpoint(out)
     assert final.meta["env_steps"] == (2 + 4) * 50 * 4  # the WSRL warm-up's chunks count as env steps
