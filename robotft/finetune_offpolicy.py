@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from robotft.specs import EnvSpec
 
 
+PRETRAIN_BLOCK = 100
+"""Critic pre-training steps between progress updates."""
+
+
 def make_q_ensemble(policy: Policy, spec: EnvSpec, algo: OffPolicyAlgorithm, cfg: FinetuneConfig) -> QEnsemble:
     """The Q ensemble over the policy's low-dim observation history and the algorithm's critic action (camera keys
     are left out: the critic is only used in training, where the simulator's state is at hand)."""
@@ -172,11 +176,19 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
 
 
 def _warm_start(learner: OffPolicy, log: RunLogger) -> None:
-    """Before the first iteration: fit the critic on the demonstrations (`critic_pretrain_steps`) and fill the
-    buffer with WSRL's warm-up rollouts of the initial policy (`warmup_steps`)."""
+    """Before the first iteration: fit the critic on the demonstrations (`critic_pretrain_steps`, logging the
+    means of the last `PRETRAIN_BLOCK` steps) and fill the buffer with WSRL's warm-up rollouts of the initial
+    policy (`warmup_steps`)."""
     cfg = learner.cfg
     if cfg.critic_pretrain_steps:
-        metrics = learner.pretrain_critic()
+        bar = progress_bar(total=cfg.critic_pretrain_steps, desc="critic pre-training")
+        for start in range(0, cfg.critic_pretrain_steps, PRETRAIN_BLOCK):
+            steps = min(PRETRAIN_BLOCK, cfg.critic_pretrain_steps - start)
+            metrics = learner.pretrain_critic(steps)
+            bar.update(steps)
+            bar.set_postfix(q=f"{metrics.get('q_mean', float('nan')):.2f}",
+                            loss=f"{metrics.get('critic_loss', float('nan')):.3g}")
+        bar.close()
         log.log(learner.env_steps, {f"warmup/{k}": v for k, v in metrics.items()})
     if cfg.warmup_steps:
         stats = learner.collect(cfg.warmup_steps, warmup=True)

@@ -375,11 +375,11 @@ class OffPolicy:
             q_next = q_next - self.algo.alpha() * next_logprob
         return batch.reward + batch.discount * q_next
 
-    def pretrain_critic(self) -> dict[str, float]:
-        """`critic_pretrain_steps` critic steps on the demonstrations alone (before any rollout)."""
-        if self.critic is None or not self.cfg.critic_pretrain_steps:
+    def pretrain_critic(self, steps: int) -> dict[str, float]:
+        """`steps` critic steps on the demonstrations alone (before any rollout); their mean metrics."""
+        if self.critic is None:
             return {}
-        return self.update(self.cfg.critic_pretrain_steps, train_actor=False)
+        return self.update(steps, train_actor=False)
 
     # -- resume -----------------------------------------------------------------------------------
 
