@@ -149,6 +149,10 @@ class OffPolicyAlgorithm(abc.ABC):
     """False for algorithms that learn without a Q-function (filtered BC): the core then trains no critic."""
     only_successful: bool = False
     """The actor learns only from transitions of successful episodes (filtered BC)."""
+    target_is_policy_sample: bool = True
+    """`target_action` is a plain sample of the current policy, so the conservative term takes the Bellman
+    target's a' as its policy sample at s' instead of drawing another (False where the target is chosen: PA-RL's
+    best of N)."""
     critic: QEnsemble | None = None
     """The core's critic, set when the core is built (PA-RL acts with it)."""
 
@@ -338,12 +342,12 @@ class OffPolicy:
         """One step on Σ_j mean (Q_j(s, a) - y)² with the soft n-step target y of the module docstring, plus
         `conservative_weight` × the conservative term of each critic."""
         cfg, critic = self.cfg, self.critic
-        target = self.td_target(batch)
+        target, next_action = self.td_target(batch)
         q = critic(batch.obs, batch.action)
         td_loss = ((q - target[None]) ** 2).mean(dim=1).sum()
         loss, metrics = td_loss, {}
         if cfg.conservative_weight > 0:
-            penalty = self._conservative_penalty(batch, q)
+            penalty = self._conservative_penalty(batch, q, next_action)
             loss = td_loss + cfg.conservative_weight * penalty.sum()
             metrics["conservative_penalty"] = penalty.mean().item()
         self.critic_opt.zero_grad(set_to_none=True)
@@ -355,25 +359,27 @@ class OffPolicy:
         return {"critic_loss": td_loss.item() / q.shape[0], "q_mean": q.mean().item(), "target_mean": target.mean().item(),
                 **metrics}
 
-    def _conservative_penalty(self, batch: ReplayBatch, q_data: torch.Tensor) -> torch.Tensor:
-        """`[E]` the conservative term of each critic on `batch` (robotft.rl.conservative.conservative_penalty)."""
+    def _conservative_penalty(self, batch: ReplayBatch, q_data: torch.Tensor, next_action: torch.Tensor) -> torch.Tensor:
+        """`[E]` the conservative term of each critic on `batch` (robotft.rl.conservative.conservative_penalty);
+        `next_action` the Bellman target's a', reused as the policy's sample at s' where it is one."""
         with torch.no_grad():
-            policy_action = self.algo.policy_action(batch.obs)
-            next_policy_action = self.algo.policy_action(batch.next_obs)
+            if not self.algo.target_is_policy_sample:
+                next_action = self.algo.policy_action(batch.next_obs)
+            policy_action = torch.stack([self.algo.policy_action(batch.obs), next_action], dim=1)
         size = (len(batch), self.cfg.conservative_random, batch.action.shape[1])
         random_action = torch.rand(size, generator=self._gen).to(self.device) * 2 - 1
-        return conservative_penalty(self.critic, batch.obs, batch.next_obs, q_data, policy_action,
-                                    next_policy_action, random_action, batch.return_to_go)
+        return conservative_penalty(self.critic, batch.obs, q_data, policy_action, random_action,
+                                    batch.return_to_go)
 
     @torch.no_grad()
-    def td_target(self, batch: ReplayBatch) -> torch.Tensor:
-        """y = R + γ^m (1 - d) (min_{j ∈ subset} Q̄_j(s', a') - α log π(a'|s')), a' ~ π(·|s'); the entropy term only
-        with `backup_entropy` and a stochastic actor."""
+    def td_target(self, batch: ReplayBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(y, a')`: y = R + γ^m (1 - d) (min_{j ∈ subset} Q̄_j(s', a') - α log π(a'|s')), a' ~ π(·|s'); the
+        entropy term only with `backup_entropy` and a stochastic actor."""
         next_action, next_logprob = self.algo.target_action(batch.next_obs)
         q_next = subset_min(self.target(batch.next_obs, next_action), self.cfg.num_min, self._gen)
         if next_logprob is not None and self.cfg.backup_entropy:
             q_next = q_next - self.algo.alpha() * next_logprob
-        return batch.reward + batch.discount * q_next
+        return batch.reward + batch.discount * q_next, next_action
 
     def pretrain_critic(self, steps: int) -> dict[str, float]:
         """`steps` critic steps on the demonstrations alone (before any rollout); their mean metrics."""

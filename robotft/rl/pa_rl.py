@@ -60,6 +60,7 @@ class PARL(OffPolicyAlgorithm):
     config_cls = PARLConfig
     offpolicy_defaults: ClassVar[dict[str, Any]] = {"critic_warmup_iters": 3}
     """Re-ranking with an untrained Q is noise: the critic learns alone for 3 iterations."""
+    target_is_policy_sample = False
 
     def __init__(self, policy: Policy, cfg: PARLConfig) -> None:
         self.policy, self.cfg = policy, cfg

@@ -21,6 +21,7 @@ from robotft.finetune import FinetuneConfig, run_finetune
 from robotft.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
 from robotft.policies.flow import FlowPolicy, FlowPolicyConfig
 from robotft.policies.gaussian import GaussianPolicy, GaussianPolicyConfig
+from robotft.rl.conservative import conservative_penalty
 from robotft.rl.dsrl import DSRL, DSRLConfig
 from robotft.rl.filtered_bc import FilteredBC, FilteredBCConfig
 from robotft.rl.offpolicy import OffPolicy, OffPolicyConfig
@@ -342,6 +343,25 @@ def test_calibrated_conservative_critic_ranks_the_demonstrations_first_at_their_
     assert cql["data"] < -1.0, f"plain CQL should underestimate the data's return: {cql}"
 
 
+def test_the_conservative_term_values_every_candidate_action_at_the_transitions_own_state():
+    """CQL's log-sum-exp compares actions at one state s: the policy's sample drawn at s' is valued at s too. With a
+    critic that ignores the action, the term is log(#candidates) whatever s' is; Cal-QL's bound lifts only the
+    policy samples."""
+    batch, n_random, dim = 5, 3, 2
+
+    def critic(obs, action):  # Q(s, a) = s: blind to the action
+        return obs["state"][:, 0][None].expand(2, -1)
+
+    obs = {"state": torch.randn(batch, 1)}
+    q_data = critic(obs, None)
+    policy_action, random_action = torch.randn(batch, 2, dim), torch.randn(batch, n_random, dim)
+    penalty = conservative_penalty(critic, obs, q_data, policy_action, random_action, None)
+    assert torch.allclose(penalty, torch.full((2,), math.log(n_random + 2 + 1)))
+    return_to_go = obs["state"][:, 0] + math.log(2.0)  # exp G = 2 exp Q: each policy candidate counts twice
+    calibrated = conservative_penalty(critic, obs, q_data, policy_action, random_action, return_to_go)
+    assert torch.allclose(calibrated, torch.full((2,), math.log(n_random + 2 * 2 + 1)))
+
+
 def test_filtered_bc_trains_only_on_successful_episodes():
     """Successful episodes act -1, failed ones +1: filtered BC must pull the policy's mean towards -1 only."""
     env, norm = _toy_env_and_normalizer()
@@ -378,7 +398,7 @@ def test_the_critic_target_backs_up_the_entropy_only_when_asked(backup_entropy):
     def target(alpha: float) -> torch.Tensor:
         algo.temperature.log_alpha.data.fill_(math.log(alpha))
         torch.manual_seed(1)  # the same a' ~ π(·|s') for both α
-        return learner.td_target(batch)
+        return learner.td_target(batch)[0]
 
     small, large = target(1e-6), target(10.0)
     torch.manual_seed(1)
