@@ -35,7 +35,6 @@ from robotft.real_robot.intrinsics import CameraIntrinsics
 log = logging.getLogger(__name__)
 
 
-
 def import_realsense() -> Any:
     return require("pyrealsense2", "realsense", "RealSense cameras")
 
@@ -210,25 +209,17 @@ class RealSenseCamera(ThreadedCamera):
                 dw, dh = cfg.depth_resolution or (cfg.width, cfg.height)
                 rs_config.enable_stream(rs.stream.depth, dw, dh, rs.format.z16, cfg.fps)
         pipeline = rs.pipeline()
+        source = cfg.playback_file or f"serial {self.serial}"
         try:
+            if cfg.playback_file is not None:
+                # The recording's serial is checked before streaming starts: stopping a playback
+                # pipeline moments after its start races its reader thread (librealsense issue 9148).
+                self._check_recorded_serial(rs_config.resolve(rs.pipeline_wrapper(pipeline)).get_device())
             profile = pipeline.start(rs_config)
         except RuntimeError as e:
-            source = cfg.playback_file or f"serial {self.serial}"
             raise RuntimeError(f"camera {self.name!r}: could not start RealSense {source}: {e}") from e
-        device = profile.get_device()
         if cfg.playback_file is not None:
-            self.serial = (
-                device.get_info(rs.camera_info.serial_number)
-                if device.supports(rs.camera_info.serial_number)
-                else None
-            )
-            if cfg.serial is not None and self.serial != cfg.serial:
-                pipeline.stop()
-                raise ValueError(
-                    f"camera {self.name!r}: recording {cfg.playback_file} is of serial {self.serial!r}, "
-                    f"not {cfg.serial!r}"
-                )
-            device.as_playback().set_real_time(cfg.playback_realtime)
+            profile.get_device().as_playback().set_real_time(cfg.playback_realtime)
         self._pipeline = pipeline
         self._processor = RealSenseFrameProcessor(
             with_depth=cfg.depth, retime=cfg.playback_file is not None, clock=self.clock
@@ -246,6 +237,19 @@ class RealSenseCamera(ThreadedCamera):
             raise TimeoutError(
                 f"camera {self.name!r} (serial {self.serial}): no frame within {cfg.timeout_s} s"
             ) from None
+
+    def _check_recorded_serial(self, device: Any) -> None:
+        """Set `serial` from the recording's device; a configured serial must match it."""
+        rs, cfg = self._rs, self.config
+        self.serial = (
+            device.get_info(rs.camera_info.serial_number)
+            if device.supports(rs.camera_info.serial_number)
+            else None
+        )
+        if cfg.serial is not None and self.serial != cfg.serial:
+            raise ValueError(
+                f"camera {self.name!r}: recording {cfg.playback_file} is of serial {self.serial!r}, not {cfg.serial!r}"
+            )
 
     def _select_device(self) -> str:
         """The serial to open: the configured one if connected, else the only device connected."""
