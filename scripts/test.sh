@@ -8,4 +8,8 @@ venv="${ROBOTFT_VENV:-$repo/.venv}"
 cd "$repo"
 # One torch/OpenMP thread per process: the suite runs simulator workers beside the learner on 2 cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec "$venv/bin/python" -m pytest -q --timeout 900 "$@"
+# Tests are spread over one pytest-xdist process per core, at most 4 (many tests start simulator worker
+# processes of their own); tests marked with an `xdist_group` share one process. ROBOTFT_TEST_WORKERS=0
+# runs the suite in this process.
+workers="${ROBOTFT_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}"
+exec "$venv/bin/python" -m pytest -q --timeout 900 -n "$workers" --dist loadgroup "$@"

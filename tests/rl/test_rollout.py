@@ -27,6 +27,8 @@ from robotft.rl.rollout import (
 from robotft.runlog import read_metrics
 
 ray = pytest.importorskip("ray")
+# One xdist process runs the whole module, so the suite never starts two local Ray instances at once.
+pytestmark = pytest.mark.xdist_group("ray")
 
 TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=6, max_episode_steps=40, control_mode="velocity_2d",
                       reward_mode="dense", control_hz=10.0)
