@@ -11,5 +11,6 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # Tests are spread over one pytest-xdist process per core, at most 4 (many tests start simulator worker
 # processes of their own); tests marked with an `xdist_group` share one process. ROBOTFT_TEST_WORKERS=0
 # runs the suite in this process.
-workers="${ROBOTFT_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}"
+cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"  # nproc counts OpenMP's thread limit otherwise
+workers="${ROBOTFT_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
 exec "$venv/bin/python" -m pytest -q --timeout 900 -n "$workers" --dist loadgroup "$@"
