@@ -374,6 +374,10 @@ def _check_finetune_out(source: Path, out: Path) -> None:
                           "write the fine-tuned run to another directory")
 
 
+_FAILED_SEEDS_SHOWN = 20
+"""How many failed start-state seeds `robotft eval` prints (all of them are in its --json line)."""
+
+
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.checkpoint import describe_choice, load_policy
     from robotft.config import resolve_device
@@ -413,10 +417,17 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     lo, hi = result.ci95
     print(f"{ckpt.path}: success {result.success_rate:.3f} (95% CI {lo:.3f}-{hi:.3f}) over {result.episodes} "
           f"episodes, mean return {result.mean_return:.3f}, {result.seconds:.1f} s", file=sys.stderr)
+    failed = result.failed_seeds
+    if failed:
+        shown = ", ".join(map(str, failed[:_FAILED_SEEDS_SHOWN])) + (", ..." if len(failed) > _FAILED_SEEDS_SHOWN else "")
+        print(f"failed start states (replay one with --seed S --episodes 1 --video out.mp4): {shown}",
+              file=sys.stderr)
     if args.json:
         print(json.dumps({"success_rate": result.success_rate, "ci95": [lo, hi], "episodes": result.episodes,
                           "mean_return": result.mean_return, "mean_length": result.mean_length,
                           "success_once": result.success_once, "success_at_end": result.success_at_end,
+                          "seed": result.seed, "episode_success": list(result.episode_success),
+                          "episode_length": list(result.episode_length), "failed_seeds": failed,
                           "checkpoint": str(ckpt.path)}))
     return 0
 

@@ -44,6 +44,18 @@ class EvalResult:
     """Fraction of episodes that succeeded at any step (ManiSkill's `success_once`)."""
     success_at_end: float = float("nan")
     """Fraction of episodes successful at their last step (ManiSkill's `success_at_end`; = `success_rate`)."""
+    seed: int = 0
+    """Seed of the start states: episode r starts from the state of seed `seed + r`."""
+    episode_success: tuple[bool, ...] = ()
+    """Each episode's success at its end, in episode order: two evaluations with the same seed are paired episode
+    by episode, and a failed episode r is replayed alone with `episodes=1, seed=seed + r`."""
+    episode_length: tuple[int, ...] = ()
+    """Each episode's length in env steps, in episode order."""
+
+    @property
+    def failed_seeds(self) -> list[int]:
+        """Start-state seeds of the episodes that failed (`robotft eval --seed S --episodes 1` replays one)."""
+        return [self.seed + r for r, ok in enumerate(self.episode_success) if not ok]
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -119,17 +131,21 @@ def evaluate(
     order = slice(0, episodes)  # episode j of env i is result i + j * n (round robin)
     success_list = success.T.reshape(-1)[order].cpu()
     once_list = success_once.T.reshape(-1)[order].cpu()
+    length_list = lengths.T.reshape(-1)[order].cpu()
     successes = int(success_list.sum())
     return EvalResult(
         success_rate=successes / episodes,
         ci95=wilson_interval(successes, episodes),
         episodes=episodes,
         mean_return=float(returns.T.reshape(-1)[order].mean()),
-        mean_length=float(lengths.T.reshape(-1)[order].float().mean()),
+        mean_length=float(length_list.float().mean()),
         seconds=time.perf_counter() - t0,
         env_steps=env_steps,
         success_once=int(once_list.sum()) / episodes,
         success_at_end=successes / episodes,
+        seed=seed,
+        episode_success=tuple(bool(x) for x in success_list),
+        episode_length=tuple(int(x) for x in length_list),
     )
 
 

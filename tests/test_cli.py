@@ -243,6 +243,9 @@ def test_push_cube_eval_json(cli, ms_root, ms_bc):
     )
     assert math.isfinite(result["mean_return"]), result
     assert result["success_at_end"] == result["success_rate"] <= result["success_once"] <= 1.0, result
+    outcomes = result["episode_success"]  # per episode, so that two checkpoints pair up start state by start state
+    assert len(outcomes) == len(result["episode_length"]) == 2 and sum(outcomes) / 2 == result["success_rate"]
+    assert result["failed_seeds"] == [result["seed"] + r for r, ok in enumerate(outcomes) if not ok], result
 
 
 @pytest.mark.maniskill

@@ -80,3 +80,28 @@ def test_a_missing_video_writer_is_named_before_any_episode_runs(monkeypatch, tm
     with pytest.raises(ImportError, match=r"eval\.mp4.*imageio-ffmpeg.*pip install imageio-ffmpeg"):
         evaluate(policy, _env(2), 2, seed=0, video_path=tmp_path / "eval.mp4")
     assert not steps
+
+
+def test_per_episode_outcomes_name_the_start_states_that_failed():
+    """`episode_success` is in episode order whatever the number of envs, and a failed episode r replays alone from
+    seed `seed + r` (what `robotft eval --seed S --episodes 1 --video` does to show a user one failure)."""
+
+    def reach_if_started_right(o):
+        # straight to the goal when the start is right of x = 0, else stand still: fails on about half the starts
+        state = o["state"][:, -1]
+        to_goal = (state[:, 2:4] - state[:, :2]).clamp(-1, 1)
+        return (to_goal * (state[:, :1] > 0))[:, None]
+
+    def run(n, episodes, seed):
+        env = ChunkedEnv(make_env(EnvConfig(type="toy", task="reach2d", num_envs=n, max_episode_steps=40)), 1, 1)
+        return evaluate(reach_if_started_right, env, episodes, seed=seed)
+
+    result = run(4, 12, seed=30)
+    assert len(result.episode_success) == len(result.episode_length) == 12
+    assert sum(result.episode_success) / 12 == result.success_rate
+    assert 0 < len(result.failed_seeds) < 12, result.episode_success
+    assert run(1, 12, seed=30).episode_success == result.episode_success
+    for r, ok in enumerate(result.episode_success):
+        alone = run(1, 1, seed=30 + r)
+        assert alone.episode_success == (ok,) and alone.episode_length == (result.episode_length[r],)
+        assert alone.failed_seeds == ([] if ok else [30 + r])
