@@ -34,6 +34,9 @@ STARTUP_TIMEOUT_S = 300.0
 STEP_TIMEOUT_S = 120.0
 """How long one worker command (reset, step, render) may take before the pool gives up."""
 _POLL_S = 0.05
+_STALL_S = 5.0
+"""A gap this much longer than one poll between two polls means the learner itself was stopped (SIGSTOP, a
+suspended machine); its workers were too, so that time does not count against their timeout."""
 
 EnvBuilder = Callable[[EnvConfig], BatchedEnv]
 """Builds one in-process env of a worker from its config (`num_envs == 1`)."""
@@ -276,11 +279,16 @@ class WorkerPool(BatchedEnv):
         """Wait for worker `w`'s answer, polling so that a dead or stuck worker raises instead of hanging."""
         timeout_s = self.step_timeout_s if timeout_s is None else timeout_s
         conn, proc = self._conns[w], self._procs[w]
-        deadline = time.monotonic() + timeout_s
+        last = time.monotonic()
+        deadline = last + timeout_s
         while not conn.poll(_POLL_S):
             if not proc.is_alive() and not conn.poll(0):
                 raise WorkerError(self._describe_death(w, "died"))
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now - last > _POLL_S + _STALL_S:
+                deadline += now - last
+            last = now
+            if now > deadline:
                 raise WorkerError(f"{self._label(w)} did not answer within {timeout_s:.0f} s")
         try:
             status, payload = conn.recv()

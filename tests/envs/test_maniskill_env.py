@@ -2,7 +2,9 @@
 
 import os
 import signal
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -174,6 +176,43 @@ def test_killed_worker_raises_a_clear_error(pool):
     with pytest.raises(WorkerError, match=r"worker 1 .*exit code -9"):
         pool.step(torch.zeros(2, 7))
     assert time.monotonic() - start < 10
+
+
+def test_time_the_learner_spent_stopped_does_not_count_against_its_workers(monkeypatch):
+    """A run paused with SIGSTOP (learner and workers alike) and continued must not die of the worker timeout
+    when it wakes: the learner's clock jumped while nobody ran. Here the worker is stopped for a moment while the
+    learner's clock jumps 1000 s; a worker that stays stopped still times out."""
+    from robotft.envs import workers
+
+    cfg = push_cube(2)
+    cfg.worker_processes = 1  # both envs in one worker process
+    with ManiSkillEnv(cfg) as env:
+        env._impl.step_timeout_s = 3.0
+        (pid,) = env.worker_pids
+        jump = [0.0]
+        monkeypatch.setattr(workers, "time", SimpleNamespace(monotonic=lambda: time.monotonic() + jump[0]))
+
+        def wake():
+            time.sleep(0.5)
+            jump[0] = 1000.0  # the learner was stopped as long as that, by its own clock
+            time.sleep(0.5)
+            os.kill(pid, signal.SIGCONT)
+
+        env.reset(seed=0)
+        os.kill(pid, signal.SIGSTOP)
+        waker = threading.Thread(target=wake)
+        waker.start()
+        obs, *_ = env.step(torch.zeros(2, 7))  # answers once continued, with no timeout error
+        waker.join()
+        assert obs["state"].shape[0] == 2
+        os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            with pytest.raises(WorkerError, match=r"worker 0 .*did not answer within 3 s"):
+                env.step(torch.zeros(2, 7))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert time.monotonic() - start < 10
 
 
 def test_worker_failure_reports_its_traceback():
