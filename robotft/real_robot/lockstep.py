@@ -45,6 +45,11 @@ class LockstepEpisode:
     start_positions: dict[str, list[float]] = field(default_factory=dict)
     """Each object's and marker's position `[x, y, z]` (m, robot base frame) after the episode's reset: the
     start state, so that failures can be traced to the starts they come from."""
+    end_positions: dict[str, list[float]] = field(default_factory=dict)
+    """The same after the episode's last step: where a failed episode left each object (e.g. a cube carried to a
+    few cm of its goal, or still on the table)."""
+    end_grasped: list[str] = field(default_factory=list)
+    """Objects the gripper held after the last step."""
 
 
 def make_lockstep_robot(rig: RigConfig) -> Any:
@@ -87,7 +92,7 @@ def run_lockstep(
     try:
         for i in range(episodes):
             robot.reset_episode(seed=seed + i)
-            start = {name: [round(float(v), 4) for v in pose.pos] for name, pose in robot.object_poses().items()}
+            start = _positions(robot.object_poses())
             before = dict(robot.safety.counters)
             history: collections.deque[dict[str, np.ndarray]] = collections.deque(maxlen=obs_steps)
             queue: list[np.ndarray] = []
@@ -109,12 +114,19 @@ def run_lockstep(
                     outcome = "success"
                     break
             counts = {k: v - before.get(k, 0) for k, v in robot.safety.counters.items() if v != before.get(k, 0)}
-            results.append(LockstepEpisode(i, outcome, step, counts, start))
+            end = robot.object_poses()
+            held = [name for name, pose in end.items() if pose.grasped]
+            results.append(LockstepEpisode(i, outcome, step, counts, start, _positions(end), held))
             log.info("lock-step episode %d: %s after %d steps; safety %s", i, outcome, step, counts or "none")
     finally:
         for camera in cameras.values():
             camera.close_snapshots()
     return results
+
+
+def _positions(poses: dict[str, Any]) -> dict[str, list[float]]:
+    """`{name: [x, y, z]}` (m, rounded to 0.1 mm) of object and marker poses."""
+    return {name: [round(float(v), 4) for v in pose.pos] for name, pose in poses.items()}
 
 
 def snapshot_cameras(rig: RigConfig, builder: ObservationBuilder, robot: Any) -> dict[str, Any]:

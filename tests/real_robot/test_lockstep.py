@@ -68,6 +68,11 @@ def test_state_policy_keeps_its_maniskill_success_on_the_sim_rig(control_mode):
     # Each episode reports where it started: the cube drawn within the preset's box, a new draw per episode.
     cubes = np.array([e.start_positions["cube"] for e in episodes])
     assert np.all(np.abs(cubes[:, :2] - [0.615, 0.0]) <= 0.1 + 1e-3) and len({tuple(c) for c in cubes}) == EPISODES
+    # ... and where it left the cube: within the success radius of the goal (xy, 0.1 m) exactly when it succeeded
+    for e in episodes:
+        cube, goal = np.array(e.end_positions["cube"]), np.array(e.end_positions["goal"])
+        assert e.end_positions["goal"] == e.start_positions["goal"]  # the goal marker does not move
+        assert (np.linalg.norm(cube[:2] - goal[:2]) <= 0.1) == (e.outcome == "success"), e
     assert sim >= 0.75, f"the scripted policy should work in ManiSkill, got {sim}"
     assert on_rig >= 0.8 * sim, f"{control_mode}: ManiSkill {sim}, sim rig {on_rig}: {episodes}"
     # A good policy is rarely corrected by the safety layer.
