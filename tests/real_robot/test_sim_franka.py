@@ -136,6 +136,8 @@ def test_configs_name_what_is_wrong():
         SimFrankaConfig(stiffness=(1.0,) * 6)
     with pytest.raises(ValueError, match="shape must be one of"):
         SimMarkerConfig("goal", shape="cone")
+    with pytest.raises(ValueError, match=r"finger_contact_solref must be .*got \(0.02, 0.0\)"):
+        SimFrankaConfig(finger_contact_solref=(0.02, 0.0))
 
 
 def test_the_scene_sets_mujocos_friction_cone():
