@@ -125,6 +125,9 @@ class KeyboardOperator(Operator):
         self.stream = stream if stream is not None else sys.stdin
         self.out = out if out is not None else sys.stderr
         self._fd = self.stream.fileno()
+        self._pending: list[str] = []
+        """Events read together with the one that ended a wait (`g` then space typed quickly arrive in one read):
+        they are the next events, never dropped."""
         self._saved_tty: Any = None
         if os.isatty(self._fd):
             import termios
@@ -151,11 +154,20 @@ class KeyboardOperator(Operator):
             raise EOFError("operator input closed")
         return [KEYS[c] for c in data if c in KEYS]
 
+    def _events(self, timeout_s: float) -> list[str]:
+        """The pending events if any, else what is typed within `timeout_s`."""
+        if self._pending:
+            events, self._pending = self._pending, []
+            return events
+        return self._read(timeout_s)
+
     def wait_start(self, episode: int, reset: Callable[[], None]) -> bool:
         self._say(f"episode {episode}: reset the scene, then press g to start (r: arm home again, q: quit)")
         while True:
-            for event in self._read(0.1):
+            events = self._events(0.1)
+            for i, event in enumerate(events):
                 if event == "start":
+                    self._pending = events[i + 1 :]
                     return True
                 if event == "quit":
                     return False
@@ -163,13 +175,15 @@ class KeyboardOperator(Operator):
                     reset()
 
     def poll(self) -> list[str]:
-        return self._read(0.0)
+        return self._events(0.0)
 
     def label_timeout(self) -> str:
         self._say("time is up: press s (success), f (failure) or a (abort)")
         while True:
-            for event in self._read(0.1):
+            events = self._events(0.1)
+            for i, event in enumerate(events):
                 if event in ("success", "failure", "abort"):
+                    self._pending = events[i + 1 :]
                     return event
 
     def teleop_action(self, action_dim: int) -> np.ndarray | None:

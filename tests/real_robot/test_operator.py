@@ -41,6 +41,18 @@ def test_keyboard_events(keyboard):
     assert not operator.wait_start(1, lambda: None)
 
 
+def test_keys_typed_with_start_or_an_outcome_are_not_lost(keyboard):
+    """`g` then space typed quickly arrive in one read: the stop must still reach the episode (it once was dropped,
+    and an episode ran on after its stop key)."""
+    operator, keys = keyboard
+    os.write(keys, b"gx")
+    assert operator.wait_start(0, lambda: None)
+    assert operator.poll() == ["stop"] and operator.poll() == []
+    os.write(keys, b"sg")
+    assert operator.label_timeout() == "success"
+    assert operator.wait_start(1, lambda: None)  # the g typed with the label starts the next episode
+
+
 def test_keyboard_input_closed_is_an_error():
     read_fd, write_fd = os.pipe()
     os.close(write_fd)
