@@ -154,37 +154,33 @@ class KeyboardOperator(Operator):
             raise EOFError("operator input closed")
         return [KEYS[c] for c in data if c in KEYS]
 
-    def _events(self, timeout_s: float) -> list[str]:
-        """The pending events if any, else what is typed within `timeout_s`."""
-        if self._pending:
-            events, self._pending = self._pending, []
-            return events
-        return self._read(timeout_s)
+    def _next_event(self, timeout_s: float) -> str | None:
+        """The next event: the oldest pending one, else the first typed within `timeout_s` (None: nothing)."""
+        if not self._pending:
+            self._pending = self._read(timeout_s)
+        return self._pending.pop(0) if self._pending else None
 
     def wait_start(self, episode: int, reset: Callable[[], None]) -> bool:
         self._say(f"episode {episode}: reset the scene, then press g to start (r: arm home again, q: quit)")
         while True:
-            events = self._events(0.1)
-            for i, event in enumerate(events):
-                if event == "start":
-                    self._pending = events[i + 1 :]
-                    return True
-                if event == "quit":
-                    return False
-                if event == "reset":
-                    reset()
+            event = self._next_event(0.1)
+            if event == "start":
+                return True
+            if event == "quit":
+                return False
+            if event == "reset":
+                reset()
 
     def poll(self) -> list[str]:
-        return self._events(0.0)
+        events, self._pending = self._pending or self._read(0.0), []
+        return events
 
     def label_timeout(self) -> str:
         self._say("time is up: press s (success), f (failure) or a (abort)")
         while True:
-            events = self._events(0.1)
-            for i, event in enumerate(events):
-                if event in ("success", "failure", "abort"):
-                    self._pending = events[i + 1 :]
-                    return event
+            event = self._next_event(0.1)
+            if event in ("success", "failure", "abort"):
+                return event
 
     def teleop_action(self, action_dim: int) -> np.ndarray | None:
         return None if self._spacemouse is None else self._spacemouse.action(action_dim)
