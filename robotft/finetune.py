@@ -83,7 +83,8 @@ class FinetuneRunConfig:
     """Iterations between checkpoints (the last is always saved)."""
     update_threads: int = 0
     """Torch CPU threads during updates, when the simulator workers wait (rollouts keep the process's one
-    thread: robotft.threads); 0: every available core, shared among the ranks on this machine."""
+    thread: robotft.threads); 0: `$ROBOTFT_UPDATE_THREADS` where it is set, else every available core, shared
+    among the ranks on this machine."""
     seed: int = 0
     """Seed of rollouts and sampling (evaluations always use the shared evaluation start states)."""
     device: str = "auto"

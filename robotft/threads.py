@@ -4,7 +4,9 @@ Fine-tuning alternates between a rollout, where simulator worker processes step 
 learner samples actions, and an update, where the workers wait for the next command (blocked on a pipe, using no
 CPU). Multi-threaded OpenMP in the learner slows down about tenfold when it competes with the workers, so the
 process default is one thread (`ROBOTFT_NUM_THREADS`); the update has the cores to itself and gets them all
-(PushCube DPPO update with a 1.2M-parameter MLP on 2 cores: 1.09 s -> 0.59 s).
+(PushCube DPPO update with a 1.2M-parameter MLP on 2 cores: 1.09 s -> 0.59 s). Processes that update at the same
+time on one machine without knowing of each other (several runs, a parallel test suite) would oversubscribe the
+cores the same way; `ROBOTFT_UPDATE_THREADS` caps what each takes.
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ def available_cores() -> int:
 
 
 def update_threads(requested: int) -> int:
-    """Threads for an update: `requested`, or with 0 the available cores shared among this machine's ranks
-    (torchrun's `LOCAL_WORLD_SIZE`: ranks update at the same time)."""
+    """Threads for an update: `requested`; with 0, `$ROBOTFT_UPDATE_THREADS` where it is set, else the available
+    cores shared among this machine's ranks (torchrun's `LOCAL_WORLD_SIZE`: ranks update at the same time)."""
     if requested > 0:
         return requested
+    configured = os.environ.get("ROBOTFT_UPDATE_THREADS", "").strip()
+    if configured:
+        if not configured.isdigit() or int(configured) < 1:
+            raise ValueError(f"ROBOTFT_UPDATE_THREADS must be a positive integer, got {configured!r}")
+        return int(configured)
     return max(1, available_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 

@@ -215,9 +215,24 @@ def test_update_threads_default_to_the_cores_shared_by_the_local_ranks(monkeypat
     from robotft.threads import available_cores, update_threads
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("ROBOTFT_UPDATE_THREADS", raising=False)
     assert update_threads(0) == available_cores() and update_threads(5) == 5
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * available_cores()))
     assert update_threads(0) == 1  # never fewer than one thread
+
+
+def test_update_threads_environment_variable_caps_the_default(monkeypatch):
+    """Processes updating side by side (several runs, the parallel test suite) cap the default this way; an
+    explicit count still wins, and a value that is not a positive integer is named."""
+    from robotft.threads import update_threads
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("ROBOTFT_UPDATE_THREADS", "3")
+    assert update_threads(0) == 3 and update_threads(5) == 5
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("ROBOTFT_UPDATE_THREADS", bad)
+        with pytest.raises(ValueError, match=f"ROBOTFT_UPDATE_THREADS must be a positive integer, got '{bad}'"):
+            update_threads(0)
 
 
 def test_negative_update_threads_are_refused():
