@@ -291,6 +291,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                 metrics = evaluate_and_keep_best("before fine-tuning")
             # Rollouts of the starting policy: those collected up to the first actor update.
             start_rollouts = StartingRollouts(metrics.get("success_rate"), ppo.first_actor_iteration)
+            threads = update_threads(cfg.update_threads)  # resolved once: a bad $ROBOTFT_UPDATE_THREADS fails here
             bar = progress_bar(range(ppo.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]",
                                initial=ppo.iteration, total=cfg.rl.iterations, disable=not ctx.is_main)
             for _ in bar:
@@ -300,7 +301,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                     tqdm.write(warning, file=sys.stderr)
                 kl_to_base = kl_monitor.estimate(buf.obs)  # the policy that collected this rollout
                 t0 = time.perf_counter()
-                with torch_threads(update_threads(cfg.update_threads)):
+                with torch_threads(threads):
                     update = ppo.update(buf, next_value, signal=stats.signal)
                 update_s = time.perf_counter() - t0
                 if update["actor_skipped_no_signal"] and ctx.is_main:

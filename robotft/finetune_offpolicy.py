@@ -147,13 +147,14 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
                 if cfg.eval_episodes > 0:
                     metrics = evaluate_and_keep_best("before fine-tuning")
                 _warm_start(learner, log)
+            threads = update_threads(cfg.update_threads)  # resolved once: a bad $ROBOTFT_UPDATE_THREADS fails here
             bar = progress_bar(range(learner.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]",
                                initial=learner.iteration, total=cfg.rl.iterations)
             for _ in bar:
                 stats = learner.collect()
                 kl = kl_monitor.estimate(learner.replay.recent_obs(chunked.num_envs * cfg.offpolicy.steps_per_iter))
                 t0 = time.perf_counter()
-                with torch_threads(update_threads(cfg.update_threads)):
+                with torch_threads(threads):
                     update = learner.update()
                 learner.iteration += 1
                 log.log(learner.env_steps, iteration_scalars(update, stats, kl, time.perf_counter() - t0,
