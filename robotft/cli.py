@@ -772,7 +772,9 @@ def set_cpu_threads() -> None:
     thread, and multi-threaded OpenMP slows down ~10x when simulator workers share the cores."""
     import torch
 
-    torch.set_num_threads(max(1, int(os.environ.get("ROBOTFT_NUM_THREADS", "1"))))
+    from robotft.threads import process_threads
+
+    torch.set_num_threads(process_threads())
 
 
 def split_dotted_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -799,8 +801,8 @@ def main(argv: list[str] | None = None) -> int:
     named, dotted = split_dotted_overrides(sys.argv[1:] if argv is None else list(argv))
     args, extra = parser.parse_known_args(named)
     extra = [*extra, *dotted]
-    set_cpu_threads()
     try:
+        set_cpu_threads()
         return args.func(args, extra)
     except Exception as e:
         # Config, dataset and checkpoint errors name the file, key or value; anything else still gets one

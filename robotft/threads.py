@@ -23,16 +23,30 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def thread_count_from_environment(name: str) -> int | None:
+    """The positive thread count in environment variable `name`, None where it is unset or empty; any other
+    value is refused by name (a typo must not silently change how fast every run goes)."""
+    configured = os.environ.get(name, "").strip()
+    if not configured:
+        return None
+    if not configured.isdigit() or int(configured) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {configured!r}")
+    return int(configured)
+
+
+def process_threads() -> int:
+    """The process's default torch CPU threads: `$ROBOTFT_NUM_THREADS`, else 1."""
+    return thread_count_from_environment("ROBOTFT_NUM_THREADS") or 1
+
+
 def update_threads(requested: int) -> int:
     """Threads for an update: `requested`; with 0, `$ROBOTFT_UPDATE_THREADS` where it is set, else the available
     cores shared among this machine's ranks (torchrun's `LOCAL_WORLD_SIZE`: ranks update at the same time)."""
     if requested > 0:
         return requested
-    configured = os.environ.get("ROBOTFT_UPDATE_THREADS", "").strip()
-    if configured:
-        if not configured.isdigit() or int(configured) < 1:
-            raise ValueError(f"ROBOTFT_UPDATE_THREADS must be a positive integer, got {configured!r}")
-        return int(configured)
+    configured = thread_count_from_environment("ROBOTFT_UPDATE_THREADS")
+    if configured is not None:
+        return configured
     return max(1, available_cores() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 

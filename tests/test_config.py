@@ -235,6 +235,30 @@ def test_update_threads_environment_variable_caps_the_default(monkeypatch):
             update_threads(0)
 
 
+def test_process_threads_environment_variable_is_validated(monkeypatch, capsys):
+    """`ROBOTFT_NUM_THREADS` sets the process's torch threads; a bad value fails the command with one line that
+    names the variable, before any work starts."""
+    import torch
+
+    from robotft.cli import main
+    from robotft.threads import process_threads
+
+    monkeypatch.delenv("ROBOTFT_NUM_THREADS", raising=False)
+    assert process_threads() == 1
+    monkeypatch.setenv("ROBOTFT_NUM_THREADS", "2")
+    assert process_threads() == 2
+    previous = torch.get_num_threads()
+    try:
+        for bad in ("0", "1.5", "all"):
+            monkeypatch.setenv("ROBOTFT_NUM_THREADS", bad)
+            assert main(["eval", "no-such-checkpoint"]) == 1
+            err = capsys.readouterr().err
+            assert f"ROBOTFT_NUM_THREADS must be a positive integer, got '{bad}'" in err
+            assert "no-such-checkpoint" not in err
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_negative_update_threads_are_refused():
     from robotft.finetune import FinetuneConfig
 
