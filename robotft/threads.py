@@ -29,7 +29,7 @@ def thread_count_from_environment(name: str) -> int | None:
     configured = os.environ.get(name, "").strip()
     if not configured:
         return None
-    if not configured.isdigit() or int(configured) < 1:
+    if not configured.isdecimal() or int(configured) < 1:
         raise ValueError(f"{name} must be a positive integer, got {configured!r}")
     return int(configured)
 

@@ -249,7 +249,7 @@ def test_process_threads_environment_variable_is_validated(monkeypatch, capsys):
     assert process_threads() == 2
     previous = torch.get_num_threads()
     try:
-        for bad in ("0", "1.5", "all"):
+        for bad in ("0", "1.5", "all", "²"):
             monkeypatch.setenv("ROBOTFT_NUM_THREADS", bad)
             assert main(["eval", "no-such-checkpoint"]) == 1
             err = capsys.readouterr().err
