@@ -173,7 +173,7 @@ def save_run_checkpoint(run_dir: str | Path, step: int, **kwargs: Any) -> Path:
 def _step_number(path: Path) -> int | None:
     """The step of a `step_XXXXXXXX` folder (any number of digits); None for any other name."""
     digits = path.name.removeprefix("step_")
-    return int(digits) if path.name.startswith("step_") and digits.isdigit() else None
+    return int(digits) if path.name.startswith("step_") and digits.isdecimal() else None
 
 
 def _prune(folder: Path, newest: int) -> None:

@@ -210,6 +210,10 @@ def test_pruning_orders_by_step_number_and_keeps_the_new_checkpoint(tmp_path):
     shutil.copytree(tmp_path / "checkpoints" / "step_100000000", tmp_path / "checkpoints" / "step_200000000")
     _save(tmp_path, 100_000_010)
     assert ck.read_checkpoint(tmp_path).meta["step"] == 100_000_010
+    # a folder whose suffix str.isdigit() accepts but int() refuses is not a checkpoint step, not a crash
+    (tmp_path / "checkpoints" / "step_²").mkdir()
+    _save(tmp_path, 100_000_020)
+    assert ck.read_checkpoint(tmp_path).meta["step"] == 100_000_020
 
 
 def test_out_and_overwrite_refuse_what_is_not_theirs(toy, tmp_path, capsys):
