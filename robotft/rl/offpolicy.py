@@ -97,7 +97,9 @@ class OffPolicyConfig:
     """A dataset store (demonstrations, or deployments recorded with `robotft deploy --record`) mixed into every
     minibatch; empty: online data only."""
     demo_ratio: float = 0.5
-    """Fraction of each minibatch drawn from `demo_data` (RLPD's symmetric sampling: 0.5)."""
+    """Fraction of each minibatch drawn from `demo_data` (RLPD's symmetric sampling: 0.5). 1 trains on the
+    demonstrations alone: with `filtered_bc`, continued BC on the same update schedule, the control that tells what
+    the rollouts add from what more BC steps add."""
     conservative_weight: float = 0.0
     """α of CQL's conservative term in the critic's loss, α · (log Σ_a exp Q(s, a) - Q(s, a_data)) over random
     and policy actions (robotft.rl.conservative), in pre-training and online alike; 0 turns it off (PORL's
@@ -118,8 +120,10 @@ class OffPolicyConfig:
             raise ValueError(f"offpolicy.utd must be > 0, got {self.utd}")
         if not 0 < self.gamma <= 1 or not 0 < self.tau <= 1:
             raise ValueError(f"offpolicy.gamma and offpolicy.tau must be in (0, 1], got {self.gamma}, {self.tau}")
-        if not 0 <= self.demo_ratio < 1:
-            raise ValueError(f"offpolicy.demo_ratio must be in [0, 1), got {self.demo_ratio}")
+        if not 0 <= self.demo_ratio <= 1:
+            raise ValueError(f"offpolicy.demo_ratio must be in [0, 1], got {self.demo_ratio}")
+        if self.demo_ratio == 1 and not self.demo_data:
+            raise ValueError("offpolicy.demo_ratio 1 (demonstrations only) needs offpolicy.demo_data (a dataset store)")
         if min(self.warmup_steps, self.critic_warmup_iters, self.critic_pretrain_steps) < 0:
             raise ValueError("offpolicy.warmup_steps, critic_warmup_iters and critic_pretrain_steps must be >= 0")
         if self.critic_pretrain_steps and not self.demo_data:

@@ -18,6 +18,7 @@ from robotft.datasets.normalizer import Normalizer
 from robotft.envs.chunked import ChunkedEnv
 from robotft.envs.factory import make_env
 from robotft.finetune import FinetuneConfig, run_finetune
+from robotft.policies.base import Policy
 from robotft.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
 from robotft.policies.flow import FlowPolicy, FlowPolicyConfig
 from robotft.policies.gaussian import GaussianPolicy, GaussianPolicyConfig
@@ -362,23 +363,49 @@ def test_the_conservative_term_values_every_candidate_action_at_the_transitions_
     assert torch.allclose(calibrated, torch.full((2,), math.log(n_random + 2 * 2 + 1)))
 
 
-def test_filtered_bc_trains_only_on_successful_episodes():
-    """Successful episodes act -1, failed ones +1: filtered BC must pull the policy's mean towards -1 only."""
+def _add_episodes(buffer: ChunkReplayBuffer, obs: dict, won: torch.Tensor, action_of_winners: float) -> None:
+    """Three-chunk episodes, one per stream: winners act `action_of_winners`, the others its negation."""
+    chunk = torch.where(won[:, None, None], action_of_winners, -action_of_winners).expand(len(won), 4, 2).clone()
+    for t in range(3):
+        last = torch.full((len(won),), t == 2)
+        buffer.add(obs, chunk[:, :2].flatten(1), chunk, torch.zeros(len(won)), obs, last & won, last, won)
+
+
+def _filtered_bc_learner(cfg: OffPolicyConfig, demos: ChunkReplayBuffer | None = None) -> tuple[OffPolicy, Policy]:
     env, norm = _toy_env_and_normalizer()
     policy = GaussianPolicy(GaussianPolicyConfig(horizon_steps=4, act_steps=2, hidden_dims=(32,), bc_loss="mse"),
                             env.spec, norm)
-    algo = FilteredBC(policy, FilteredBCConfig(lr=3e-3))
-    learner = OffPolicy(algo, None, env, OffPolicyConfig(batch_size=16, buffer_size=64))
+    return OffPolicy(FilteredBC(policy, FilteredBCConfig(lr=3e-3)), None, env, cfg, demos=demos), policy
+
+
+def test_filtered_bc_trains_only_on_successful_episodes():
+    """Successful episodes act -1, failed ones +1: filtered BC must pull the policy's mean towards -1 only."""
+    learner, policy = _filtered_bc_learner(OffPolicyConfig(batch_size=16, buffer_size=64))
     obs = {"state": torch.zeros(4, 1, 4)}
-    won = torch.tensor([True, False, True, False])
-    chunk = torch.where(won[:, None, None], -1.0, 1.0).expand(4, 4, 2).clone()
-    for t in range(3):
-        last = torch.full((4,), t == 2)
-        learner.replay.add(obs, chunk[:, :2].flatten(1), chunk, torch.zeros(4), obs, last & won, last, won)
+    _add_episodes(learner.replay, obs, torch.tensor([True, False, True, False]), -1.0)
     assert learner.sample(64, only_successful=True).success.all()
     learner.update(num_updates=100, train_actor=True)
     mean = policy.predict_chunk(obs, deterministic=True)
     assert (mean < -0.8).all(), f"the policy should imitate only the successful chunks, got {mean[0, 0]}"
+
+
+def test_filtered_bc_with_demo_ratio_one_trains_on_the_demonstrations_alone():
+    """The continued-BC control: successful rollouts act +1, the demonstrations -1; with `demo_ratio` 1 every
+    minibatch comes from the demonstrations and the policy follows them, not the rollouts."""
+    obs = {"state": torch.zeros(4, 1, 4)}
+    demos = ChunkReplayBuffer(64, 4)
+    _add_episodes(demos, obs, torch.ones(4, dtype=torch.bool), -1.0)
+    learner, policy = _filtered_bc_learner(
+        OffPolicyConfig(batch_size=16, buffer_size=64, demo_data="demos.zarr", demo_ratio=1.0), demos)
+    _add_episodes(learner.replay, obs, torch.ones(4, dtype=torch.bool), 1.0)
+    assert (learner.sample(64, only_successful=True).chunk == -1).all()
+    learner.update(num_updates=100, train_actor=True)
+    mean = policy.predict_chunk(obs, deterministic=True)
+    assert (mean < -0.8).all(), f"the policy should imitate the demonstrations alone, got {mean[0, 0]}"
+    with pytest.raises(ValueError, match="offpolicy.demo_data"):
+        OffPolicyConfig(demo_ratio=1.0)
+    with pytest.raises(ValueError, match=r"offpolicy.demo_ratio must be in \[0, 1\], got 1.5"):
+        OffPolicyConfig(demo_ratio=1.5, demo_data="demos.zarr")
 
 
 @pytest.mark.parametrize("backup_entropy", [True, False])
