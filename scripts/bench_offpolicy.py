@@ -4,7 +4,8 @@ benchmark, over several seeds. Everything runs through the real CLI.
 
 Per task: motion-planned (or scripted) demos → one diffusion BC (DDPM, as DPPO fine-tunes it) shared by every run →
 DPPO, DSRL (the same network decoded with DDIM η = 0: `--policy.sampler ddim`), PA-RL, residual SAC (a residual
-wrapped around the BC at the start) and filtered BC, one run per algorithm and seed. Stages whose output exists are
+wrapped around the BC at the start), filtered BC alone and with the demonstrations mixed in, and continued BC on
+the demonstrations (the control for filtered BC), one run per method and seed. Stages whose output exists are
 skipped, so an interrupted benchmark continues where it stopped.
 
 The threshold is 0.9 × DPPO's final evaluation success (mean over seeds); for every algorithm the first evaluation
@@ -49,14 +50,22 @@ BUDGETS = {
 """`--budget` presets; any single flag overrides its field. Off-policy runs collect fewer chunks per iteration
 (`offpolicy_steps_per_iter`) and update `utd` critic steps per collected chunk."""
 
+DEMOS = "{demos}"
+"""Stands for the task's demonstration store in `ALGORITHMS`' flags."""
+MIXED_DEMOS = ["--offpolicy.demo_data", DEMOS, "--offpolicy.utd", "8"]
 ALGORITHMS = {
-    "dppo": [],
-    "dsrl": ["--policy.sampler", "ddim"],
-    "pa_rl": [],
-    "residual_sac": [],
-    "filtered_bc": [],
+    "dppo": ["--algo", "dppo"],
+    "dsrl": ["--algo", "dsrl", "--policy.sampler", "ddim"],
+    "pa_rl": ["--algo", "pa_rl"],
+    "residual_sac": ["--algo", "residual_sac"],
+    "filtered_bc": ["--algo", "filtered_bc"],
+    "filtered_bc_demos": ["--algo", "filtered_bc", *MIXED_DEMOS],
+    "continued_bc": ["--algo", "filtered_bc", *MIXED_DEMOS, "--offpolicy.demo_ratio", "1"],
 }
-"""Algorithm → extra flags; every run starts from the task's diffusion BC checkpoint."""
+"""Method → its flags (they override the budget's); every run starts from the task's diffusion BC checkpoint.
+`filtered_bc_demos` mixes the demonstrations into filtered BC's minibatches with 8 BC steps per collected chunk;
+`continued_bc` takes the same steps on the demonstrations alone, the control that tells what the rollouts add to
+an under-trained BC."""
 TASKS = ("maniskill/pick_cube", "maniskill/stack_cube", "robosuite/pick_place_can")
 
 
@@ -74,7 +83,7 @@ def _parse() -> argparse.Namespace:
     return args
 
 
-def _source(args: argparse.Namespace, env: str, out: Path, stages: dict) -> Path:
+def _source(args: argparse.Namespace, env: str, out: Path, stages: dict) -> tuple[Path, Path]:
     """The task's demos and its diffusion BC checkpoint."""
     demos = out / "demos.zarr"
     _once(demos, f"{env}:generate", ["data", "generate", "--env", env, "--episodes", str(args.demos), "--out",
@@ -83,28 +92,29 @@ def _source(args: argparse.Namespace, env: str, out: Path, stages: dict) -> Path
     _once(bc, f"{env}:pretrain", ["pretrain", "--env", env, "--data", str(demos), "--policy", "diffusion_mlp",
                                   "--steps", str(args.bc_steps), "--out", str(bc), "--train.eval_episodes", "0",
                                   "--train.device", args.device], stages)
-    return bc
+    return demos, bc
 
 
-def _finetune(args: argparse.Namespace, env: str, algo: str, seed: int, source: Path, run: Path,
+def _finetune(args: argparse.Namespace, env: str, method: str, seed: int, demos: Path, source: Path, run: Path,
               stages: dict) -> None:
-    offpolicy = algo != "dppo"
+    offpolicy = method != "dppo"
     iterations = args.offpolicy_iterations if offpolicy else args.iterations
-    argv = ["finetune", "--from", str(source), "--algo", algo, "--out", str(run), "--iterations", str(iterations),
+    argv = ["finetune", "--from", str(source), "--out", str(run), "--iterations", str(iterations),
             "--env.num_envs", str(args.num_envs), "--env.sim_backend", args.sim_backend, "--device", args.device,
             "--eval_every", str(args.offpolicy_eval_every if offpolicy else args.eval_every),
-            "--eval_episodes", str(args.eval_episodes), "--seed", str(seed), *ALGORITHMS[algo]]
+            "--eval_episodes", str(args.eval_episodes), "--seed", str(seed)]
     if offpolicy:
         argv += ["--offpolicy.steps_per_iter", str(args.offpolicy_steps_per_iter), "--offpolicy.utd", str(args.utd)]
     else:
         argv += ["--rl.steps_per_iter", str(args.steps_per_iter)]
+    argv += [str(demos) if flag == DEMOS else flag for flag in ALGORITHMS[method]]
     if (run / "checkpoint").exists():
         done = json.loads((run / "checkpoint" / "meta.json").read_text())["step"]
         if done >= iterations:
-            print(f"[{env} {algo} seed {seed}] exists: {run}", flush=True)
+            print(f"[{env} {method} seed {seed}] exists: {run}", flush=True)
             return
         argv.append("--resume")
-    run_stage(f"{env}:{algo}_seed{seed}", argv, stages)
+    run_stage(f"{env}:{method}_seed{seed}", argv, stages)
 
 
 def to_target(mean_curve: list[dict], target: float | None, prefix: str = "") -> dict:
@@ -146,14 +156,14 @@ def main() -> None:
     for env in args.envs.split(","):
         out = root / env.replace("/", "_")
         out.mkdir(parents=True, exist_ok=True)
-        source = _source(args, env, out, stages)
+        demos, source = _source(args, env, out, stages)
         summary = {}
-        for algo in args.algos.split(","):
-            runs = {seed: out / f"{algo}_seed{seed}" for seed in seeds}
+        for method in args.algos.split(","):
+            runs = {seed: out / f"{method}_seed{seed}" for seed in seeds}
             for seed, run in runs.items():
-                _finetune(args, env, algo, seed, source, run, stages)
+                _finetune(args, env, method, seed, demos, source, run, stages)
             curves = {seed: _curve(run) for seed, run in runs.items()}
-            summary[algo] = {"curves": curves, "mean_curve": _mean_curve(list(curves.values()), args.eval_episodes)}
+            summary[method] = {"curves": curves, "mean_curve": _mean_curve(list(curves.values()), args.eval_episodes)}
         dppo_curve = summary["dppo"]["mean_curve"]
         targets = thresholds(dppo_curve)
         with_ratios(summary, targets)
@@ -171,12 +181,12 @@ def main() -> None:
               f"{task['target_success']:.2f} (0.9 x DPPO's final) and "
               + (f"{gain:.2f} (BC + 0.9 x DPPO's gain)" if gain is not None else "none for the gain (DPPO gained nothing)"))
         for prefix, name in (("", "0.9 x final"), ("gain_", "0.9 x gain")):
-            print(f"{name:<14}{'start':>7}{'end':>7}{'env steps':>11}{'to target':>11}{'wall s':>9}{'ratio':>7}")
+            print(f"{name:<18}{'start':>7}{'end':>7}{'env steps':>11}{'to target':>11}{'wall s':>9}{'ratio':>7}")
             for algo, res in task["algorithms"].items():
                 first, last = res["mean_curve"][0], res["mean_curve"][-1]
                 ratio = "-" if res[f"{prefix}env_step_ratio"] is None else f"{res[f'{prefix}env_step_ratio']:.2f}"
                 reached, wall = res[f"{prefix}env_steps_to_target"], res[f"{prefix}wall_seconds_to_target"]
-                print(f"{algo:<14}{first['success_mean']:>7.2f}{last['success_mean']:>7.2f}{last['env_steps']:>11}"
+                print(f"{algo:<18}{first['success_mean']:>7.2f}{last['success_mean']:>7.2f}{last['env_steps']:>11}"
                       f"{reached if reached is not None else '-':>11}{wall or '-':>9}{ratio:>7}")
     print(f"\nwrote {root / 'bench_offpolicy.json'}")
 
