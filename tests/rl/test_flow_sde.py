@@ -118,8 +118,9 @@ def test_pretrain_then_flow_sde_raises_success_on_toy(tmp_path, toy_pretrain, to
                       "--policy.num_steps", "4", "--policy.state_hidden_dims", "64", "--train.lr", "3e-3",
                       "--train.batch_size", "128")
     before = toy_success(bc)
+    # 20 iterations: at 15 the gain sat on the margin (0.30 -> 0.40 on one fresh install); at 20 it is 0.30 -> 0.55.
     ft = toy_finetune(bc, tmp_path / "flow_sde", "flow_sde",
-                      {"iterations": 15, "steps_per_iter": 10, "minibatch_size": 250})  # Flow-SDE's defaults
+                      {"iterations": 20, "steps_per_iter": 10, "minibatch_size": 250})  # Flow-SDE's defaults
     after = toy_success(ft)
     assert before > 0.1, f"BC should beat a policy that never reaches the goal, got {before:.2f}"
     assert after > before + 0.1, f"Flow-SDE should improve on BC: {before:.2f} -> {after:.2f}"
