@@ -381,20 +381,19 @@ _FAILED_SEEDS_SHOWN = 20
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from robotft.checkpoint import describe_choice, load_policy
     from robotft.config import resolve_device
-    from robotft.envs.chunked import ChunkedEnv
     from robotft.envs.factory import make_env
-    from robotft.evaluation import EVAL_SEED, evaluate
-    from robotft.runlog import capped_update, progress_bar
-    from robotft.specs import check_policy_fits_env
+    from robotft.evaluation import EVAL_SEED, paired_comparison
 
     check_bound("episodes", args.episodes)
     check_bound("num_envs", args.num_envs, where="")
     device = resolve_device(args.device)
+    seed = EVAL_SEED if args.seed is None else args.seed
     choice = describe_choice(args.checkpoint)
     if choice:
         print(choice, file=sys.stderr)
     groups = _split_overrides(parse_override_args(extra), ("env", "policy"))
     policy, ckpt = load_policy(args.checkpoint, device=device, overrides=groups["policy"])
+    baseline_json = _read_baseline_json(Path(args.against), args.episodes, seed) if _is_json(args.against) else None
     env_overrides = groups["env"]
     for item in args.env_override or []:
         key, sep, value = item.partition("=")
@@ -406,12 +405,14 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     env_cfg = apply_overrides(env_cfg, env_overrides, prefix="env.") if env_overrides else env_cfg
     env = make_env(env_cfg, device=device)
     try:
-        check_policy_fits_env(ckpt.spec, env.spec, str(ckpt.path))
-        chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
-        with progress_bar(total=args.episodes, desc="eval", unit="episode") as bar:
-            result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, args.episodes,
-                              seed=EVAL_SEED if args.seed is None else args.seed, video_path=args.video,
-                              progress=capped_update(bar))
+        result = _evaluate_on(policy, ckpt, env, args.episodes, seed, args.video)
+        if args.against is not None and baseline_json is None:
+            base_policy, base_ckpt = load_policy(args.against, device=device)
+            base = _evaluate_on(base_policy, base_ckpt, env, args.episodes, seed, None)
+            baseline = {"success_rate": base.success_rate, "episode_success": list(base.episode_success),
+                        "checkpoint": str(base_ckpt.path)}
+        else:
+            baseline = baseline_json
     finally:
         env.close()
     lo, hi = result.ci95
@@ -422,14 +423,60 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         shown = ", ".join(map(str, failed[:_FAILED_SEEDS_SHOWN])) + (", ..." if len(failed) > _FAILED_SEEDS_SHOWN else "")
         print(f"failed start states (replay one with --seed S --episodes 1 --video out.mp4): {shown}",
               file=sys.stderr)
+    report = {"success_rate": result.success_rate, "ci95": [lo, hi], "episodes": result.episodes,
+              "mean_return": result.mean_return, "mean_length": result.mean_length,
+              "success_once": result.success_once, "success_at_end": result.success_at_end,
+              "seed": result.seed, "episode_success": list(result.episode_success),
+              "episode_length": list(result.episode_length), "failed_seeds": failed,
+              "checkpoint": str(ckpt.path)}
+    if baseline is not None:
+        paired = paired_comparison(result.episode_success, baseline["episode_success"])
+        clo, chi = paired.ci95
+        print(f"against {baseline['checkpoint']} on the same {paired.episodes} start states: "
+              f"{paired.baseline_success_rate:.3f} -> {paired.success_rate:.3f}, difference {paired.difference:+.3f} "
+              f"(95% CI {clo:+.3f} to {chi:+.3f}); {paired.only_this} start states succeed only here, "
+              f"{paired.only_baseline} only with the baseline; exact McNemar p = {paired.p_value:.3g} (two-sided), "
+              f"{paired.p_value_greater:.3g} (one-sided, this one better)", file=sys.stderr)
+        report["against"] = {"checkpoint": baseline["checkpoint"], **paired.to_dict()}
     if args.json:
-        print(json.dumps({"success_rate": result.success_rate, "ci95": [lo, hi], "episodes": result.episodes,
-                          "mean_return": result.mean_return, "mean_length": result.mean_length,
-                          "success_once": result.success_once, "success_at_end": result.success_at_end,
-                          "seed": result.seed, "episode_success": list(result.episode_success),
-                          "episode_length": list(result.episode_length), "failed_seeds": failed,
-                          "checkpoint": str(ckpt.path)}))
+        print(json.dumps(report))
     return 0
+
+
+def _evaluate_on(policy: Any, ckpt: Any, env: Any, episodes: int, seed: int, video: str | None) -> Any:
+    """`robotft eval`'s evaluation of one checkpoint's policy on `env`, with a progress bar."""
+    from robotft.envs.chunked import ChunkedEnv
+    from robotft.evaluation import evaluate
+    from robotft.runlog import capped_update, progress_bar
+    from robotft.specs import check_policy_fits_env
+
+    check_policy_fits_env(ckpt.spec, env.spec, str(ckpt.path))
+    chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
+    with progress_bar(total=episodes, desc="eval", unit="episode") as bar:
+        return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, episodes, seed=seed,
+                        video_path=video, progress=capped_update(bar))
+
+
+def _is_json(path: str | None) -> bool:
+    return path is not None and Path(path).suffix == ".json"
+
+
+def _read_baseline_json(path: Path, episodes: int, seed: int) -> dict:
+    """The outcomes of an earlier `robotft eval --json` (its last line), checked to pair with this evaluation."""
+    try:
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        report = json.loads(lines[-1]) if lines else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--against {path}: not the JSON line of `robotft eval --json` ({e})") from e
+    if not isinstance(report, dict) or not isinstance(report.get("episode_success"), list):
+        raise ConfigError(f"--against {path}: expected the JSON line of `robotft eval --json` with an "
+                          f"'episode_success' list (per start state)")
+    if report.get("seed") != seed or len(report["episode_success"]) != episodes:
+        raise ConfigError(f"--against {path}: evaluated {len(report['episode_success'])} episodes from seed "
+                          f"{report.get('seed')}, this evaluation runs {episodes} from seed {seed}; pass the same "
+                          f"--episodes and --seed so the start states pair up")
+    report.setdefault("checkpoint", str(path))
+    return report
 
 
 def cmd_deploy(args: argparse.Namespace, extra: list[str]) -> int:
@@ -711,6 +758,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--video", default=None, help="PATH.mp4: one video per episode of the first env, PATH_ep<k>.mp4")
     ev.add_argument("--device", default="auto")
     ev.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ev.add_argument("--against", default=None, metavar="BASELINE",
+                    help="a checkpoint, or an earlier `eval --json` output (.json), to compare with on the same "
+                         "start states: paired difference with its 95%% CI and an exact McNemar test")
     ev.set_defaults(func=cmd_eval)
 
     dep = _add_parser(sub, "deploy", manual_deploy,

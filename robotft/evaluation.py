@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -72,6 +72,74 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
     center = (p + z**2 / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z**2 / (4 * n**2)) / denom
     return (max(0.0, center - half), min(1.0, center + half))
+
+
+@dataclass
+class PairedComparison:
+    """Two evaluations on the same start states, compared start state by start state."""
+
+    episodes: int
+    """Start states both evaluations ran (paired by seed)."""
+    success_rate: float
+    """Success rate of the evaluated policy."""
+    baseline_success_rate: float
+    """Success rate of the baseline on the same start states."""
+    difference: float
+    """success_rate − baseline_success_rate."""
+    ci95: tuple[float, float]
+    """95% interval of the difference (Newcombe's square-and-add interval for paired proportions)."""
+    only_this: int
+    """Start states where the evaluated policy succeeded and the baseline failed."""
+    only_baseline: int
+    """Start states where the baseline succeeded and the evaluated policy failed."""
+    p_value: float
+    """Exact McNemar test of equal success rates, two-sided."""
+    p_value_greater: float
+    """Exact McNemar test, one-sided: the evaluated policy succeeds more often than the baseline."""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ci95"] = list(self.ci95)
+        return d
+
+
+def paired_comparison(success: Sequence[bool], baseline: Sequence[bool]) -> PairedComparison:
+    """Compare two policies' outcomes on the same start states (`EvalResult.episode_success` of evaluations with one
+    seed and episode count).
+
+    Pairing removes the start states' own difficulty from the comparison: with a = both succeed, b = only this
+    policy, c = only the baseline, d = neither, out of n, the difference is (b − c) / n and only the b + c
+    discordant start states carry evidence. Exact McNemar test: under equal rates b ~ Binomial(b + c, ½).
+    Interval: Newcombe (1998, Stat. Med. 17:2635, method 10), Wilson intervals [l₁, u₁] and [l₂, u₂] of the two
+    rates combined as
+
+        θ − √((p₁ − l₁)² − 2φ(p₁ − l₁)(u₂ − p₂) + (u₂ − p₂)²),   θ + √((p₂ − l₂)² − 2φ(p₂ − l₂)(u₁ − p₁) + (u₁ − p₁)²),
+
+    φ the continuity-corrected correlation of the two outcomes: (ad − bc − n/2) / √((a+b)(c+d)(a+c)(b+d)) when
+    ad − bc > n/2, 0 when 0 ≤ ad − bc ≤ n/2, (ad − bc) / √(...) when negative.
+    """
+    if len(success) != len(baseline) or not success:
+        raise ValueError(f"paired comparison needs the outcomes of the same start states: got {len(success)} and "
+                         f"{len(baseline)} episodes")
+    n = len(success)
+    pairs = [(bool(x), bool(y)) for x, y in zip(success, baseline, strict=True)]
+    a, b, c = pairs.count((True, True)), pairs.count((True, False)), pairs.count((False, True))
+    d = n - a - b - c
+    p1, p2 = (a + b) / n, (a + c) / n
+    (l1, u1), (l2, u2) = wilson_interval(a + b, n), wilson_interval(a + c, n)
+    margins = (a + b) * (c + d) * (a + c) * (b + d)
+    cross = a * d - b * c
+    phi = 0.0 if margins == 0 or 0 <= cross <= n / 2 else (cross - n / 2 if cross > 0 else cross) / math.sqrt(margins)
+    theta = p1 - p2
+    # max(0, ·): each radicand is ≥ (x − y)² ≥ 0 since |φ| ≤ 1; it guards rounding at φ = 1 only.
+    low = theta - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    high = theta + math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
+    m = b + c
+    greater = sum(math.comb(m, k) for k in range(b, m + 1)) / 2**m
+    two_sided = min(1.0, 2 * sum(math.comb(m, k) for k in range(min(b, c) + 1)) / 2**m)
+    return PairedComparison(episodes=n, success_rate=p1, baseline_success_rate=p2, difference=theta,
+                            ci95=(low, high), only_this=b, only_baseline=c, p_value=two_sided,
+                            p_value_greater=greater)
 
 
 @torch.no_grad()

@@ -478,6 +478,38 @@ def test_eval_policy_override_changes_how_the_policy_samples(cli, toy_root, toy_
     assert "policy.nope" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_eval_against_a_baseline_pairs_the_start_states(cli, toy_root, toy_bc):
+    """`robotft eval CKPT --against BASE` compares two policies on the same start states; BASE is a checkpoint or
+    the saved `--json` line of an earlier evaluation, which must pair up (same seed and episode count)."""
+    early = min((toy_bc / "checkpoints").iterdir())  # the oldest checkpoint kept, not the one the run links
+    assert early != (toy_bc / "checkpoint").resolve()
+    proc = cli.run("eval", early, "--episodes", "12", "--num-envs", "4", "--json", cwd=toy_root)
+    saved = toy_root / "early_eval.json"
+    saved.write_text(proc.stdout)
+    early_outcomes = last_json_line(proc.stdout)["episode_success"]
+
+    proc = cli.run("eval", toy_bc, "--episodes", "12", "--num-envs", "4", "--json", "--against", early, cwd=toy_root)
+    report = last_json_line(proc.stdout)
+    paired = report["against"]
+    this = report["episode_success"]
+    assert paired["only_this"] == sum(a and not b for a, b in zip(this, early_outcomes, strict=True))
+    assert paired["only_baseline"] == sum(b and not a for a, b in zip(this, early_outcomes, strict=True))
+    assert paired["difference"] == pytest.approx(report["success_rate"] - sum(early_outcomes) / 12)
+    assert paired["ci95"][0] <= paired["difference"] <= paired["ci95"][1] and 0.0 < paired["p_value"] <= 1.0
+    assert "McNemar" in proc.stderr and str(early) in proc.stderr, proc.stderr
+
+    from_json = last_json_line(cli.run("eval", toy_bc, "--episodes", "12", "--num-envs", "4", "--json",
+                                       "--against", saved, cwd=toy_root).stdout)
+    assert from_json["against"] == {**paired, "checkpoint": from_json["against"]["checkpoint"]}
+
+    proc = cli.run("eval", toy_bc, "--episodes", "12", "--seed", "7", "--against", saved, cwd=toy_root, expect_rc=1)
+    assert str(saved) in proc.stderr and "seed 7" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    garbage = toy_root / "not_an_eval.json"
+    garbage.write_text('{"success_rate": 0.5}')
+    proc = cli.run("eval", toy_bc, "--episodes", "12", "--against", garbage, cwd=toy_root, expect_rc=1)
+    assert str(garbage) in proc.stderr and "episode_success" in proc.stderr, proc.stderr
+
+
 def test_unknown_override(cli, tmp_path, toy_demos):
     proc = cli.run(
         "pretrain",

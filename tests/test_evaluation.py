@@ -7,7 +7,7 @@ from robotft.config import EnvConfig
 from robotft.envs.chunked import ChunkedEnv
 from robotft.envs.factory import make_env
 from robotft.envs.toy import Nav2DExpert
-from robotft.evaluation import evaluate
+from robotft.evaluation import evaluate, paired_comparison
 
 
 def _env(n):
@@ -105,3 +105,43 @@ def test_per_episode_outcomes_name_the_start_states_that_failed():
         alone = run(1, 1, seed=30 + r)
         assert alone.episode_success == (ok,) and alone.episode_length == (result.episode_length[r],)
         assert alone.failed_seeds == ([] if ok else [30 + r])
+
+
+def _outcomes(both, only_this, only_baseline, neither):
+    """Per-start-state outcomes (this policy, baseline) of a paired 2x2 table."""
+    this = [True] * both + [True] * only_this + [False] * only_baseline + [False] * neither
+    base = [True] * both + [False] * only_this + [True] * only_baseline + [False] * neither
+    return this, base
+
+
+def test_paired_interval_matches_newcombes_square_and_add_reference():
+    # Fagerland, Lydersen & Laake, "Statistical Analysis of Contingency Tables" (2017), ch. 8 example: the
+    # table [[59, 6], [16, 80]] gives -0.0621 (95% CI -0.1186 to -0.0046) by Newcombe's square-and-add method.
+    cmp = paired_comparison(*_outcomes(59, 6, 16, 80))
+    assert cmp.episodes == 161 and (cmp.only_this, cmp.only_baseline) == (6, 16)
+    assert cmp.difference == pytest.approx(-0.0621, abs=5e-5)
+    assert cmp.ci95 == pytest.approx((-0.1186, -0.0046), abs=5e-5)
+
+
+def test_exact_mcnemar_counts_only_the_discordant_start_states():
+    # 9 start states only this policy solves, 2 only the baseline: P(X >= 9 | X ~ Bin(11, 1/2)) = 67 / 2048.
+    cmp = paired_comparison(*_outcomes(5, 9, 2, 4))
+    assert cmp.p_value_greater == pytest.approx(67 / 2048)
+    assert cmp.p_value == pytest.approx(2 * 67 / 2048)
+    # Start states both solve or both fail leave the test unchanged; they narrow the interval of the difference.
+    more = paired_comparison(*_outcomes(50, 9, 2, 40))
+    assert more.p_value == pytest.approx(cmp.p_value)
+    assert more.ci95[1] - more.ci95[0] < cmp.ci95[1] - cmp.ci95[0]
+
+
+def test_paired_comparison_is_antisymmetric_and_checks_the_pairing():
+    this, base = _outcomes(30, 12, 5, 53)
+    forward, backward = paired_comparison(this, base), paired_comparison(base, this)
+    assert backward.difference == pytest.approx(-forward.difference)
+    assert backward.ci95 == pytest.approx((-forward.ci95[1], -forward.ci95[0]))
+    assert forward.ci95[0] < forward.difference < forward.ci95[1]
+    assert forward.p_value == backward.p_value and forward.p_value_greater < 0.5 < backward.p_value_greater
+    same = paired_comparison(this, this)
+    assert same.difference == 0.0 and same.p_value == 1.0 and same.ci95[0] < 0.0 < same.ci95[1]
+    with pytest.raises(ValueError, match="same start states"):
+        paired_comparison(this, base[:-1])
