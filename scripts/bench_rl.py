@@ -8,7 +8,8 @@ larger `--iterations` extends finished runs):
   motion-planned demos → diffusion, flow and Gaussian BC (shared by every seed; residual PPO wraps the diffusion
   BC in a zero residual itself) and a freshly initialised Gaussian policy → one fine-tuning run per method and seed → a final
   evaluation of every BC and of every run's best checkpoint on `--final-episodes` (100) shared start states.
-Writes `<out>/bench_rl.json` (per-run curves, final evaluations with 95% CIs, the mean over seeds) and
+Writes `<out>/bench_rl.json` (per-run curves, final evaluations with 95% CIs, each run's paired comparison with
+its BC on the same start states, the mean over seeds) and
 `<out>/bench_rl.png` (success vs env steps and vs wall-clock, with 95% CI bands of the seeds' pooled
 episodes), and prints the README table.
 
@@ -138,6 +139,13 @@ def _final_eval(args: argparse.Namespace, checkpoint: Path, stages: dict) -> dic
     return result
 
 
+def _vs_bc(final: dict, bc: dict) -> dict:
+    """The fine-tuned checkpoint against its BC on the same start states (both evaluations share the seed)."""
+    from robotft.evaluation import paired_comparison
+
+    return paired_comparison(final["episode_success"], bc["episode_success"]).to_dict()
+
+
 def _pooled_ci(rate: float, n: int) -> list[float]:
     from robotft.evaluation import wilson_interval
 
@@ -210,23 +218,27 @@ def main() -> None:
         curves = {seed: _curve(run) for seed, run in runs.items()}
         finals = {seed: _final_eval(args, run / "best", stages) for seed, run in runs.items()}
         reward = json.loads((runs[seeds[0]] / "config.json").read_text())["run"]["env"]["reward_mode"]
-        summary[method] = {"algo": algo, "source": source, "bc": _final_eval(args, sources[source], stages),
-                           "curves": curves, "final_best": finals, "reward_mode": reward, "commands": commands,
+        bc = _final_eval(args, sources[source], stages)
+        summary[method] = {"algo": algo, "source": source, "bc": bc, "curves": curves, "final_best": finals,
+                           "vs_bc": {seed: _vs_bc(final, bc) for seed, final in finals.items()},
+                           "reward_mode": reward, "commands": commands,
                            "mean_curve": _mean_curve(list(curves.values()), args.eval_episodes)}
     result = {"env": args.env, "budget": vars(args), "stages": stages,
               "total_seconds": round(time.perf_counter() - t0, 1), "methods": summary}
     (out / "bench_rl.json").write_text(json.dumps(result, indent=2))
     _plot(summary, out / "bench_rl.png", f"{args.env}: fine-tuning from BC ({args.demos} demos), "
           f"{len(seeds)} seeds, {args.num_envs} envs")
-    print("\n| task | method | BC success (95% CI) | fine-tuned, best checkpoint (95% CI) | env steps | wall s | "
-          "reward |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| task | method | BC success (95% CI) | fine-tuned, best checkpoint (95% CI) | paired difference "
+          "(95% CI), McNemar p | env steps | wall s | reward |")
+    print("|---|---|---|---|---|---|---|---|")
     for method, res in summary.items():
         bc, last = res["bc"], res["mean_curve"][-1]
         for seed, final in res["final_best"].items():
+            gain = res["vs_bc"][seed]
             print(f"| {args.env} | {method} (seed {seed}) | {bc['success_rate']:.2f} ({bc['ci95'][0]:.2f}-"
                   f"{bc['ci95'][1]:.2f}) | {final['success_rate']:.2f} ({final['ci95'][0]:.2f}-{final['ci95'][1]:.2f})"
-                  f" | {last['env_steps']} | {last['wall_seconds']:.0f} | {res['reward_mode']} |")
+                  f" | {gain['difference']:+.2f} ({gain['ci95'][0]:+.2f} to {gain['ci95'][1]:+.2f}), "
+                  f"{gain['p_value']:.2g} | {last['env_steps']} | {last['wall_seconds']:.0f} | {res['reward_mode']} |")
     print(f"\nwrote {out / 'bench_rl.json'} and {out / 'bench_rl.png'}")
 
 
