@@ -760,7 +760,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ev.add_argument("--against", default=None, metavar="BASELINE",
                     help="a checkpoint, or an earlier `eval --json` output (.json), to compare with on the same "
-                         "start states: paired difference with its 95%% CI and an exact McNemar test")
+                         "start states and env: paired difference with its 95%% CI and an exact McNemar test "
+                         "(--policy.FIELD overrides apply to the evaluated checkpoint only, so `eval CKPT "
+                         "--policy.act_steps 8 --against CKPT` tests a setting)")
     ev.set_defaults(func=cmd_eval)
 
     dep = _add_parser(sub, "deploy", manual_deploy,

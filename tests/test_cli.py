@@ -502,6 +502,11 @@ def test_eval_against_a_baseline_pairs_the_start_states(cli, toy_root, toy_bc):
                                        "--against", saved, cwd=toy_root).stdout)
     assert from_json["against"] == {**paired, "checkpoint": from_json["against"]["checkpoint"]}
 
+    # Policy overrides change the evaluated checkpoint only: the baseline runs as saved (deterministic chain).
+    sampled = last_json_line(cli.run("eval", toy_bc, "--episodes", "12", "--num-envs", "4", "--json", "--against",
+                                     toy_bc, "--policy.deterministic_sampler", "model_std", cwd=toy_root).stdout)
+    assert sampled["against"]["baseline_success_rate"] == report["success_rate"], sampled["against"]
+
     proc = cli.run("eval", toy_bc, "--episodes", "12", "--seed", "7", "--against", saved, cwd=toy_root, expect_rc=1)
     assert str(saved) in proc.stderr and "seed 7" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     garbage = toy_root / "not_an_eval.json"
