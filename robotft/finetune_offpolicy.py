@@ -157,8 +157,12 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
                 with torch_threads(threads):
                     update = learner.update()
                 learner.iteration += 1
-                log.log(learner.env_steps, iteration_scalars(update, stats, kl, time.perf_counter() - t0,
-                                                             learner.env_steps, wall_seconds()))
+                scalars = iteration_scalars(update, stats, kl, time.perf_counter() - t0, learner.env_steps,
+                                            wall_seconds())
+                if learner.start_states is not None:
+                    scalars["train/replayed_starts"] = float(stats.replayed_starts)
+                    scalars["train/failed_starts_waiting"] = float(learner.start_states.waiting)
+                log.log(learner.env_steps, scalars)
                 last = learner.iteration == cfg.rl.iterations
                 if cfg.eval_episodes > 0 and (last or learner.iteration % cfg.eval_every == 0):
                     metrics = evaluate_and_keep_best(f"iteration {learner.iteration}")

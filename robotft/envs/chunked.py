@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from robotft.envs.base import BatchedEnv, Obs
+from robotft.envs.start_states import FailedStartReplay
 from robotft.specs import EnvSpec
 
 
@@ -22,7 +23,8 @@ class ChunkedEnv:
     pass no seed, and the simulator continues the random streams that seed determined, so a whole run is
     reproducible from one seed and an auto-reset costs no re-seeding (on ManiSkill's GPU backend a seed
     list rebuilds one RNG per env on every call). `reset(seed, seed_every_episode=True)` (evaluation) seeds the
-    partial resets too, so that start states do not depend on the number of envs.
+    partial resets too, so that start states do not depend on the number of envs. `reset(start_states=S)` (training
+    rollouts that replay failed start states) takes every episode's seed from `S.next_seed()`.
     """
 
     def __init__(self, env: BatchedEnv, obs_steps: int, act_steps: int) -> None:
@@ -40,6 +42,9 @@ class ChunkedEnv:
         self._episode_seed: int | None = None
         """`seed` of a `reset(seed, seed_every_episode=True)`; None: partial resets are not seeded."""
         self._episodes_started = [0] * env.num_envs
+        self._start_states: FailedStartReplay | None = None
+        self._start_seed = torch.full((env.num_envs,), -1, dtype=torch.long)
+        """The seed each env's current episode started from; -1 where it was not seeded."""
 
     @property
     def num_envs(self) -> int:
@@ -62,7 +67,8 @@ class ChunkedEnv:
         """Episode limit in env steps (not chunks)."""
         return self.env.max_episode_steps
 
-    def reset(self, seed: int | None = None, seed_every_episode: bool = False) -> Obs:
+    def reset(self, seed: int | None = None, seed_every_episode: bool = False,
+              start_states: FailedStartReplay | None = None) -> Obs:
         """Reset every env; returns histories `[B, obs_steps, *shape]` padded with the first frame.
 
         With `seed_every_episode`, the k-th episode that env i starts (k = 0 for this reset) is seeded with
@@ -70,12 +76,24 @@ class ChunkedEnv:
         state of seed `seed + r` whatever the number of envs, on every adapter that gives env i of a reset the
         seed `seed + i` (CPU worker processes, the toy suite, MuJoCo, robosuite). ManiSkill's GPU backend seeds
         a batch from its first seed, so there the start states still depend on the number of envs. Costs one
-        reset call per finished env."""
+        reset call per finished env. With `start_states` (no `seed`), every episode, these first ones included,
+        starts from the seed `start_states.next_seed()` gives, one reset call per env."""
         if seed_every_episode and seed is None:
             raise ValueError("seed_every_episode needs a seed")
+        if start_states is not None and seed is not None:
+            raise ValueError("reset takes a seed or start_states, not both")
         self._episode_seed = seed if seed_every_episode else None
+        self._start_states = start_states
         self._episodes_started = [1] * self.num_envs
-        self._history = self._pad(self.env.reset(seed=seed))
+        obs = self.env.reset(seed=seed)
+        if seed is None:
+            self._start_seed.fill_(-1)
+        else:
+            self._start_seed = seed + torch.arange(self.num_envs)
+        if start_states is not None:
+            for i in range(self.num_envs):
+                obs = self._reset_from(i, start_states.next_seed())
+        self._history = self._pad(obs)
         self._episode_return.zero_()
         self._episode_length.zero_()
         self._success_once.zero_()
@@ -89,7 +107,8 @@ class ChunkedEnv:
         Returns `(obs, reward [B] float32, terminated [B] bool, truncated [B] bool, info)`; `obs` are the
         histories after the chunk, of the new episode for envs that finished and were reset. `info`:
         `done`, `success` (at each env's last valid step: ManiSkill's `success_at_end`), `success_once` (at
-        any step of the episode so far, ManiSkill's `success_once`), `final_obs` (histories when each env
+        any step of the episode so far, ManiSkill's `success_once`), `start_seed` (`[B]` long, the seed each
+        env's episode started from, -1 where it was not seeded), `final_obs` (histories when each env
         finished; equal to `obs` for envs not done), `episode_return` and `episode_length` (env steps;
         valid where `done`), `steps` (env steps executed, `B * act_steps`). With `render_env` = i, also
         `frames`: env i rendered after each of its env steps in this chunk up to and including the one that
@@ -127,6 +146,7 @@ class ChunkedEnv:
             "done": done,
             "success": success,
             "success_once": self._success_once.clone(),
+            "start_seed": self._start_seed.clone(),
             "final_obs": {k: v.clone() for k, v in self._history.items()},
             "episode_return": self._episode_return.clone(),
             "episode_length": self._episode_length.clone(),
@@ -181,13 +201,21 @@ class ChunkedEnv:
             mask = alive.view(-1, *([1] * (rolled.ndim - 1)))
             self._history[k] = torch.where(mask, rolled, self._history[k])
 
+    def _reset_from(self, i: int, seed: int) -> Obs:
+        """Reset env `i` alone to the start state of `seed` (env i of a reset gets `seed + i`)."""
+        self._start_seed[i] = seed
+        return self.env.reset(seed=seed - i, env_ids=torch.tensor([i], device=self.device))
+
     def _reset_done(self, ids: torch.Tensor) -> None:
-        if self._episode_seed is None:
+        if self._start_states is not None:
+            for i in ids.tolist():
+                obs = self._reset_from(i, self._start_states.next_seed())
+        elif self._episode_seed is None:
             obs = self.env.reset(seed=None, env_ids=ids)
+            self._start_seed[ids.cpu()] = -1
         else:
-            for i in ids.tolist():  # env i of a reset gets `seed + i`: this gives it episode_seed + i + k * B
-                obs = self.env.reset(seed=self._episode_seed + self._episodes_started[i] * self.num_envs,
-                                     env_ids=ids.new_tensor([i]))
+            for i in ids.tolist():
+                obs = self._reset_from(i, self._episode_seed + i + self._episodes_started[i] * self.num_envs)
                 self._episodes_started[i] += 1
         for k, hist in self._pad({k: v[ids] for k, v in obs.items()}).items():
             self._history[k][ids] = hist

@@ -36,6 +36,7 @@ from torch import nn
 
 from robotft.envs.base import Obs
 from robotft.envs.chunked import ChunkedEnv
+from robotft.envs.start_states import FailedStartReplay
 from robotft.policies.base import Policy
 from robotft.rl.conservative import conservative_penalty
 from robotft.rl.q_ensemble import QEnsemble, polyak, subset_min
@@ -110,6 +111,12 @@ class OffPolicyConfig:
     calibrated: bool = True
     """Cal-QL: the conservative term never pushes a policy action's Q below the data's Monte-Carlo
     return-to-go; False is plain CQL."""
+    retry_failed_starts: int = 0
+    """Times a start state whose rollout failed is tried again in later rollouts (robotft.envs.start_states:
+    Prioritized Level Replay's replay of the states worth learning from); 0 starts every episode from a fresh
+    state. Training start states are then seeded from a range no evaluation uses."""
+    retry_prob: float = 0.5
+    """With `retry_failed_starts`: probability that a new episode replays a waiting failed start state."""
 
     def __post_init__(self) -> None:
         for name in ("steps_per_iter", "batch_size", "buffer_size", "n_step", "num_critics", "num_min",
@@ -128,6 +135,9 @@ class OffPolicyConfig:
             raise ValueError("offpolicy.warmup_steps, critic_warmup_iters and critic_pretrain_steps must be >= 0")
         if self.critic_pretrain_steps and not self.demo_data:
             raise ValueError("offpolicy.critic_pretrain_steps needs offpolicy.demo_data (a dataset store)")
+        if self.retry_failed_starts < 0 or not 0 < self.retry_prob <= 1:
+            raise ValueError(f"offpolicy.retry_failed_starts must be >= 0 and offpolicy.retry_prob in (0, 1], got "
+                             f"{self.retry_failed_starts} and {self.retry_prob}")
         if self.conservative_weight < 0 or self.conservative_random < 1:
             raise ValueError(f"offpolicy.conservative_weight must be >= 0 and offpolicy.conservative_random >= 1, "
                              f"got {self.conservative_weight} and {self.conservative_random}")
@@ -217,6 +227,8 @@ class CollectStats:
     successes: int
     episode_returns: list[float]
     seconds: float
+    replayed_starts: int = 0
+    """Episodes started from a failed start state again (`retry_failed_starts`)."""
 
 
 def concat_batches(a: ReplayBatch, b: ReplayBatch) -> ReplayBatch:
@@ -255,6 +267,8 @@ class OffPolicy:
         self.seed = seed
         self._obs: Obs | None = None
         self._gen = torch.Generator().manual_seed(seed)
+        self.start_states = (FailedStartReplay(cfg.retry_failed_starts, cfg.retry_prob, seed)
+                             if cfg.retry_failed_starts else None)
 
     # -- rollout ----------------------------------------------------------------------------------
 
@@ -264,7 +278,11 @@ class OffPolicy:
         env = self.env
         if self._obs is None:
             self.replay.end_streams()  # the envs restart: earlier episodes end where they stopped
-            self._obs = env.reset(seed=self.seed + 10_000 * self.iteration + 5_000 * warmup)
+            if self.start_states is not None:
+                self._obs = env.reset(start_states=self.start_states)
+            else:
+                self._obs = env.reset(seed=self.seed + 10_000 * self.iteration + 5_000 * warmup)
+        replayed_before = self.start_states.replayed if self.start_states is not None else 0
         t0 = time.perf_counter()
         episodes = successes = env_steps = 0
         returns: list[float] = []
@@ -281,8 +299,12 @@ class OffPolicy:
                 episodes += int(done.sum())
                 successes += int((info["success"] & done).sum())
                 returns += info["episode_return"][done].tolist()
+                if self.start_states is not None:
+                    for i in done.nonzero().squeeze(-1).tolist():
+                        self.start_states.report(int(info["start_seed"][i]), bool(info["success"][i]))
         self.env_steps += env_steps
-        return CollectStats(env_steps, episodes, successes, returns, time.perf_counter() - t0)
+        replayed = self.start_states.replayed - replayed_before if self.start_states is not None else 0
+        return CollectStats(env_steps, episodes, successes, returns, time.perf_counter() - t0, replayed)
 
     def restart_episodes(self) -> None:
         """Start fresh episodes at the next `collect` (after an evaluation stepped the training envs)."""
@@ -400,6 +422,8 @@ class OffPolicy:
             "algo": self.algo.state_dict(),
             "torch_rng": torch.get_rng_state(), "sample_rng": self._gen.get_state(),
         }
+        if self.start_states is not None:
+            state["start_states"] = self.start_states.state_dict()
         if self.critic is not None:
             state.update(critic=self.critic.state_dict(), target=self.target.state_dict(),
                          critic_opt=self.critic_opt.state_dict())
@@ -416,4 +440,6 @@ class OffPolicy:
             self.critic_opt.load_state_dict(state["critic_opt"])
         torch.set_rng_state(state["torch_rng"])
         self._gen.set_state(state["sample_rng"])
+        if self.start_states is not None and "start_states" in state:
+            self.start_states.load_state_dict(state["start_states"])
         self._obs = None

@@ -121,3 +121,43 @@ def test_wrong_chunk_shape_is_an_error_naming_the_shapes(shape):
     env.reset(seed=0)
     with pytest.raises(ValueError, match=r"action chunk has shape .*act_steps.*act_dim=2"):
         env.step(torch.zeros(shape))
+
+
+def test_seeded_episodes_report_the_seed_they_started_from():
+    base = CountingEnv([2, 100])
+    env = ChunkedEnv(base, obs_steps=1, act_steps=2)
+    env.reset(seed=10, seed_every_episode=True)
+    _, _, _, _, info = env.step(torch.zeros(2, 2, 1))
+    assert info["done"].tolist() == [True, False] and info["start_seed"].tolist() == [10, 11]
+    _, _, _, _, info = env.step(torch.zeros(2, 2, 1))
+    assert info["start_seed"].tolist() == [12, 11]  # env 0's second episode: seed + 0 + 1 · num_envs
+    env.reset()
+    _, _, _, _, info = env.step(torch.zeros(2, 2, 1))
+    assert info["start_seed"].tolist() == [-1, -1]
+
+
+def test_start_states_replay_a_failed_start_state_exactly():
+    """With start_states every episode starts from the seed it draws; a failed one comes back identical."""
+    from robotft.envs.start_states import FailedStartReplay
+
+    env = ChunkedEnv(ToyNavEnv(3, max_episode_steps=4), obs_steps=1, act_steps=4)
+    starts = FailedStartReplay(retries=1, replay_prob=1.0)
+    obs = env.reset(start_states=starts)
+    first_frames = {s: obs["state"][i, 0].clone() for i, s in enumerate(env._start_seed.tolist())}
+    assert len(first_frames) == 3
+    obs, _, _, _, info = env.step(torch.zeros(3, 4, 2))  # standing still for the whole episode fails it
+    assert info["done"].all() and not info["success"].any()
+    for i in range(3):
+        starts.report(int(info["start_seed"][i]), False)
+    # The failures were queued after the finished envs reset, so the next episodes are fresh ones ...
+    obs, _, _, _, info = env.step(torch.zeros(3, 4, 2))
+    assert not set(info["start_seed"].tolist()) & set(first_frames)
+    for i in range(3):
+        starts.report(int(info["start_seed"][i]), False)
+    # ... and the ones after them replay the failed start states, from the same first frame.
+    for i, s in enumerate(first_frames):
+        assert torch.equal(obs["state"][i, 0], first_frames[s])
+    _, _, _, _, info = env.step(torch.zeros(3, 4, 2))
+    assert info["start_seed"].tolist() == list(first_frames)
+    with pytest.raises(ValueError, match="a seed or start_states"):
+        env.reset(seed=0, start_states=starts)

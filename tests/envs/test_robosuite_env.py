@@ -125,6 +125,25 @@ def test_workers_match_separate_single_envs(pool, single):
     assert torch.equal(after[0], before[0]) and torch.equal(after[1], batched[0][1])
 
 
+def test_failed_start_states_replay_exactly_through_the_workers(pool):
+    """Each worker's env resets to the start state its seed names, so a replayed start state is the same one."""
+    from robotft.envs.start_states import FailedStartReplay
+
+    starts = FailedStartReplay(retries=1, replay_prob=1.0)
+    env = ChunkedEnv(pool, obs_steps=1, act_steps=4)
+    first = env.reset(start_states=starts)["state"][:, 0].clone()
+    for _ in range(2):  # both episodes truncate after 8 steps, unsolved
+        _, _, _, _, info = env.step(torch.zeros(2, 4, 7))
+    seeds = info["start_seed"].tolist()
+    assert info["done"].all() and len(set(seeds)) == 2
+    for s in seeds:
+        starts.report(s, success=False)
+    for _ in range(2):
+        obs, _, _, _, info = env.step(torch.zeros(2, 4, 7))
+    assert torch.equal(obs["state"][:, 0], first)
+    assert [int(s) for s in env._start_seed] == seeds
+
+
 def test_killed_worker_raises_a_clear_error(pool):
     pool.reset(seed=0)
     os.kill(pool.worker_pids[1], signal.SIGKILL)

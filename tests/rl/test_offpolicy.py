@@ -72,6 +72,16 @@ def test_offpolicy_algorithm_raises_success_on_toy(tmp_path, weak_gaussian_bc, t
     assert after > before + margin, f"{algo} should improve on BC: {before:.2f} -> {after:.2f}"
 
 
+def test_filtered_bc_replaying_failed_start_states_raises_success_on_toy(tmp_path, weak_gaussian_bc, toy_success):
+    """Filtered BC with failed start states tried twice more: it still learns, and its rollouts do replay them."""
+    out = run_finetune(_offpolicy_cfg(weak_gaussian_bc, tmp_path / "fbc", "filtered_bc", 10,
+                                      filtered_bc=FilteredBCConfig(lr=1e-3), offpolicy={"retry_failed_starts": 2}))
+    before, after = toy_success(weak_gaussian_bc), toy_success(out)
+    assert after > before + 0.05, f"filtered BC with replayed start states should improve on BC: {before:.2f} -> {after:.2f}"
+    replayed = [r["train/replayed_starts"] for r in read_metrics(out) if "train/replayed_starts" in r]
+    assert sum(replayed) > 50, f"the rollouts should replay failed start states, replayed {replayed}"
+
+
 def test_dsrl_raises_success_on_toy_and_leaves_the_base_bit_identical(tmp_path, weak_flow_bc, toy_success):
     """DSRL on its own entropy defaults (α, target) with only the budget and widths sized for the toy."""
     out = run_finetune(_offpolicy_cfg(weak_flow_bc, tmp_path / "dsrl", "dsrl", 10,
@@ -93,9 +103,11 @@ class _Killed(RuntimeError):
 
 
 def test_killed_run_resumes_with_the_same_replay_buffer(tmp_path, weak_gaussian_bc, monkeypatch):
+    """... and the same queue of failed start states to replay."""
     out = tmp_path / "run"
     cfg = _offpolicy_cfg(weak_gaussian_bc, out, "residual_sac", 4, save_every=1,
-                         offpolicy={"critic_warmup_iters": 0}, residual_sac=ResidualSACConfig(residual_hidden=(32,)))
+                         offpolicy={"critic_warmup_iters": 0, "retry_failed_starts": 2},
+                         residual_sac=ResidualSACConfig(residual_hidden=(32,)))
     original = OffPolicy.collect
 
     def dies_in_iteration_3(self, *args, **kwargs):
@@ -118,6 +130,7 @@ def test_killed_run_resumes_with_the_same_replay_buffer(tmp_path, weak_gaussian_
         if self.iteration == 2 and not seen:
             seen.update({k: {n: t.clone() for n, t in v.items()} if isinstance(v, dict) else v
                          for k, v in self.replay.state_dict().items()})
+            seen["start_states"] = self.start_states.state_dict()
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(OffPolicy, "collect", records_the_restored_buffer)
@@ -126,6 +139,9 @@ def test_killed_run_resumes_with_the_same_replay_buffer(tmp_path, weak_gaussian_
         for k, v in replay[group].items():
             assert torch.equal(seen[group][k], v), f"replay {group}/{k} differs after the resume"
     assert (seen["pos"], seen["size"], seen["added"]) == (replay["pos"], replay["size"], replay["added"])
+    saved_starts, restored_starts = state["start_states"], seen["start_states"]
+    assert saved_starts["waiting"] and saved_starts["fresh_drawn"] > 50  # failures queued, fresh states drawn
+    assert torch.equal(restored_starts.pop("rng"), saved_starts.pop("rng")) and restored_starts == saved_starts
     final = ckpt_io.read_checkpoint(out)
     resumed = final.training_state()["offpolicy"]
     assert final.meta["step"] == 4 and final.meta["env_steps"] == 2 * saved.meta["env_steps"]
