@@ -162,6 +162,8 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
                 if learner.start_states is not None:
                     scalars["train/replayed_starts"] = float(stats.replayed_starts)
                     scalars["train/failed_starts_waiting"] = float(learner.start_states.waiting)
+                    if stats.replays_ended:
+                        scalars["train/replay_success_rate"] = stats.replays_solved / stats.replays_ended
                 log.log(learner.env_steps, scalars)
                 last = learner.iteration == cfg.rl.iterations
                 if cfg.eval_episodes > 0 and (last or learner.iteration % cfg.eval_every == 0):

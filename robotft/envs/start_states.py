@@ -64,12 +64,14 @@ class FailedStartReplay:
         self.fresh_drawn += 1
         return self.first_fresh + self.fresh_drawn - 1
 
-    def report(self, seed: int, success: bool) -> None:
-        """An episode from start state `seed` ended; a failure queues it for another try while tries are left."""
+    def report(self, seed: int, success: bool) -> bool:
+        """An episode from start state `seed` ended; a failure queues it for another try while tries are left.
+        Returns whether that episode replayed a failed start state."""
         tries = self._tries.pop(seed, 1)
         if not success and tries <= self.retries:
             self._tries[seed] = tries
             self._waiting.append(seed)
+        return tries > 1
 
     def state_dict(self) -> dict:
         return {"first_fresh": self.first_fresh, "fresh_drawn": self.fresh_drawn, "waiting": list(self._waiting),

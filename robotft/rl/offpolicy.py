@@ -229,6 +229,10 @@ class CollectStats:
     seconds: float
     replayed_starts: int = 0
     """Episodes started from a failed start state again (`retry_failed_starts`)."""
+    replays_ended: int = 0
+    """Episodes that replayed a failed start state and ended in this collect."""
+    replays_solved: int = 0
+    """... of which succeeded."""
 
 
 def concat_batches(a: ReplayBatch, b: ReplayBatch) -> ReplayBatch:
@@ -284,7 +288,7 @@ class OffPolicy:
                 self._obs = env.reset(seed=self.seed + 10_000 * self.iteration + 5_000 * warmup)
         replayed_before = self.start_states.replayed if self.start_states is not None else 0
         t0 = time.perf_counter()
-        episodes = successes = env_steps = 0
+        episodes = successes = env_steps = replays_ended = replays_solved = 0
         returns: list[float] = []
         self.algo.policy.eval()
         for _ in range(steps or self.cfg.steps_per_iter):
@@ -301,10 +305,14 @@ class OffPolicy:
                 returns += info["episode_return"][done].tolist()
                 if self.start_states is not None:
                     for i in done.nonzero().squeeze(-1).tolist():
-                        self.start_states.report(int(info["start_seed"][i]), bool(info["success"][i]))
+                        solved = bool(info["success"][i])
+                        if self.start_states.report(int(info["start_seed"][i]), solved):
+                            replays_ended += 1
+                            replays_solved += solved
         self.env_steps += env_steps
         replayed = self.start_states.replayed - replayed_before if self.start_states is not None else 0
-        return CollectStats(env_steps, episodes, successes, returns, time.perf_counter() - t0, replayed)
+        return CollectStats(env_steps, episodes, successes, returns, time.perf_counter() - t0, replayed,
+                            replays_ended, replays_solved)
 
     def restart_episodes(self) -> None:
         """Start fresh episodes at the next `collect` (after an evaluation stepped the training envs)."""

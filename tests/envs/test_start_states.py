@@ -8,10 +8,10 @@ from robotft.envs.start_states import FRESH_SEED_BASE, FailedStartReplay
 def test_a_failed_start_state_is_replayed_up_to_retries_times_then_given_up():
     starts = FailedStartReplay(retries=2, replay_prob=1.0)
     first = starts.next_seed()
+    assert not starts.report(first, success=False)  # a fresh episode, not a replay
     for _ in range(2):
-        starts.report(first, success=False)
         assert starts.waiting == 1 and starts.next_seed() == first
-    starts.report(first, success=False)  # its third failure: no tries left
+        assert starts.report(first, success=False)  # a replay; after the second, no tries are left
     assert starts.waiting == 0 and starts.next_seed() == first + 1
     assert starts.replayed == 2
 

@@ -78,8 +78,11 @@ def test_filtered_bc_replaying_failed_start_states_raises_success_on_toy(tmp_pat
                                       filtered_bc=FilteredBCConfig(lr=1e-3), offpolicy={"retry_failed_starts": 2}))
     before, after = toy_success(weak_gaussian_bc), toy_success(out)
     assert after > before + 0.05, f"filtered BC with replayed start states should improve on BC: {before:.2f} -> {after:.2f}"
-    replayed = [r["train/replayed_starts"] for r in read_metrics(out) if "train/replayed_starts" in r]
+    rows = read_metrics(out)
+    replayed = [r["train/replayed_starts"] for r in rows if "train/replayed_starts" in r]
     assert sum(replayed) > 50, f"the rollouts should replay failed start states, replayed {replayed}"
+    solved = [r["train/replay_success_rate"] for r in rows if "train/replay_success_rate" in r]
+    assert solved and all(0 <= v <= 1 for v in solved) and max(solved) > 0
 
 
 def test_dsrl_raises_success_on_toy_and_leaves_the_base_bit_identical(tmp_path, weak_flow_bc, toy_success):
