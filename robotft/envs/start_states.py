@@ -6,8 +6,9 @@ policy solves sometimes but not always (learnability p(1 - p), Rutherford et al.
 always solves adds a demonstration of what it already does, one it never solves adds nothing. A failed start state
 is the cheapest estimate of p < 1, so `FailedStartReplay` queues it and replays it, up to `retries` times, with
 probability `replay_prob` per new episode; a success or the last retry takes it off the queue. Fresh start states
-come from seeds no evaluation uses (evaluations count up from their `--seed`, 0 and 5000 here), so that replaying
-never trains on an evaluation's start states.
+come from seeds 10⁹ and up, far above the evaluations' (the shared start states count up from
+robotft.evaluation.EVAL_SEED = 10⁶, `robotft eval --seed S` from S), so that training never replays an
+evaluation's start state.
 
 A start state is named by the seed its env is reset with (ChunkedEnv's `start_states`): exact on every adapter that
 resets one env from a seed alone (CPU ManiSkill, robosuite, MuJoCo, the toy suite).
