@@ -6,6 +6,7 @@ ranks the demonstrations first at their true value."""
 import dataclasses
 import json
 import math
+import types
 
 import pytest
 import torch
@@ -83,6 +84,13 @@ def test_filtered_bc_replaying_failed_start_states_raises_success_on_toy(tmp_pat
     assert sum(replayed) > 50, f"the rollouts should replay failed start states, replayed {replayed}"
     solved = [r["train/replay_success_rate"] for r in rows if "train/replay_success_rate" in r]
     assert solved and all(0 <= v <= 1 for v in solved) and max(solved) > 0
+
+
+def test_replaying_start_states_is_refused_for_envs_on_a_gpu():
+    """A GPU simulator seeds a batch, not an env, so a seed does not name one start state there."""
+    env_on_gpu = types.SimpleNamespace(device=torch.device("cuda"), num_envs=4)
+    with pytest.raises(ValueError, match="retry_failed_starts .* only for envs simulated on CPU; these envs are on cuda"):
+        OffPolicy(None, None, env_on_gpu, OffPolicyConfig(retry_failed_starts=2))
 
 
 def test_dsrl_raises_success_on_toy_and_leaves_the_base_bit_identical(tmp_path, weak_flow_bc, toy_success):
