@@ -74,6 +74,15 @@ class FailedStartReplay:
             self._waiting.append(seed)
         return tries > 1
 
+    def abandon_in_progress(self) -> None:
+        """The envs restart (an evaluation ran on them) and every episode in progress ends unreported: a replay cut
+        off this way did not fail, so its start state goes back to the front of the queue with its try uncounted.
+        An abandoned fresh start state is dropped: nothing is known about it."""
+        queued = set(self._waiting)
+        for seed in [s for s in self._tries if s not in queued][::-1]:
+            self._tries[seed] -= 1
+            self._waiting.appendleft(seed)
+
     def state_dict(self) -> dict:
         return {"first_fresh": self.first_fresh, "fresh_drawn": self.fresh_drawn, "waiting": list(self._waiting),
                 "tries": [[s, n] for s, n in self._tries.items()], "replayed": self.replayed,

@@ -287,6 +287,7 @@ class OffPolicy:
         if self._obs is None:
             self.replay.end_streams()  # the envs restart: earlier episodes end where they stopped
             if self.start_states is not None:
+                self.start_states.abandon_in_progress()
                 self._obs = env.reset(start_states=self.start_states)
             else:
                 self._obs = env.reset(seed=self.seed + 10_000 * self.iteration + 5_000 * warmup)

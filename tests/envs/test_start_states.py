@@ -26,6 +26,18 @@ def test_a_solved_start_state_leaves_the_queue():
     assert starts.waiting == 0 and starts.next_seed() == b + 1
 
 
+def test_a_replay_cut_off_by_a_restart_is_requeued_with_its_try_uncounted():
+    starts = FailedStartReplay(retries=1, replay_prob=1.0)
+    a, b = starts.next_seed(), starts.next_seed()
+    starts.report(a, success=False)
+    starts.report(b, success=False)
+    assert starts.next_seed() == a  # a's one retry starts, then the envs restart before it ends
+    starts.abandon_in_progress()
+    assert starts.waiting == 2 and starts.next_seed() == a  # back at the front: its retry is still owed
+    assert starts.report(a, success=False)
+    assert starts.next_seed() == b and starts.waiting == 0
+
+
 def test_fresh_start_states_are_outside_the_evaluation_seeds_and_differ_between_run_seeds():
     runs = [FailedStartReplay(1, 0.5, seed=s) for s in (0, 1)]
     drawn = [{r.next_seed() for _ in range(100)} for r in runs]
