@@ -23,8 +23,10 @@ class ChunkedEnv:
     pass no seed, and the simulator continues the random streams that seed determined, so a whole run is
     reproducible from one seed and an auto-reset costs no re-seeding (on ManiSkill's GPU backend a seed
     list rebuilds one RNG per env on every call). `reset(seed, seed_every_episode=True)` (evaluation) seeds the
-    partial resets too, so that start states do not depend on the number of envs. `reset(start_states=S)` (training
-    rollouts that replay failed start states) takes every episode's seed from `S.next_seed()`.
+    partial resets too, so that start states do not depend on the number of envs; with `group_size` G the envs
+    form groups of G consecutive envs whose k-th episodes share a start state (group-relative advantages per start
+    state). `reset(start_states=S)` (training rollouts that replay failed start states) takes every episode's seed
+    from `S.next_seed()`.
     """
 
     def __init__(self, env: BatchedEnv, obs_steps: int, act_steps: int) -> None:
@@ -42,6 +44,7 @@ class ChunkedEnv:
         self._episode_seed: int | None = None
         """`seed` of a `reset(seed, seed_every_episode=True)`; None: partial resets are not seeded."""
         self._episodes_started = [0] * env.num_envs
+        self._group_size = 1
         self._start_states: FailedStartReplay | None = None
         self._start_seed = torch.full((env.num_envs,), -1, dtype=torch.long)
         """The seed each env's current episode started from; -1 where it was not seeded."""
@@ -68,7 +71,7 @@ class ChunkedEnv:
         return self.env.max_episode_steps
 
     def reset(self, seed: int | None = None, seed_every_episode: bool = False,
-              start_states: FailedStartReplay | None = None) -> Obs:
+              start_states: FailedStartReplay | None = None, group_size: int = 1) -> Obs:
         """Reset every env; returns histories `[B, obs_steps, *shape]` padded with the first frame.
 
         With `seed_every_episode`, the k-th episode that env i starts (k = 0 for this reset) is seeded with
@@ -76,14 +79,21 @@ class ChunkedEnv:
         state of seed `seed + r` whatever the number of envs, on every adapter that gives env i of a reset the
         seed `seed + i` (CPU worker processes, the toy suite, MuJoCo, robosuite). ManiSkill's GPU backend seeds
         a batch from its first seed, so there the start states still depend on the number of envs. Costs one
-        reset call per finished env. With `start_states` (no `seed`), every episode, these first ones included,
-        starts from the seed `start_states.next_seed()` gives, one reset call per env."""
+        reset call per finished env. `group_size` G (with `seed_every_episode`; G divides num_envs) seeds the
+        k-th episode of env i with `seed + i // G + k * num_envs / G`: each group of G consecutive envs runs its
+        episodes from the same start states (one more reset call per env here). With `start_states` (no `seed`),
+        every episode, these first ones included, starts from the seed `start_states.next_seed()` gives, one
+        reset call per env."""
         if seed_every_episode and seed is None:
             raise ValueError("seed_every_episode needs a seed")
         if start_states is not None and seed is not None:
             raise ValueError("reset takes a seed or start_states, not both")
+        if group_size != 1 and (not seed_every_episode or group_size < 1 or self.num_envs % group_size):
+            raise ValueError(f"group_size {group_size} needs seed_every_episode and must divide num_envs "
+                             f"({self.num_envs})")
         self._episode_seed = seed if seed_every_episode else None
         self._start_states = start_states
+        self._group_size = group_size
         self._episodes_started = [1] * self.num_envs
         obs = self.env.reset(seed=seed)
         if seed is None:
@@ -93,6 +103,9 @@ class ChunkedEnv:
         if start_states is not None:
             for i in range(self.num_envs):
                 obs = self._reset_from(i, start_states.next_seed())
+        elif group_size > 1:
+            for i in range(self.num_envs):
+                obs = self._reset_from(i, self._episode_start_seed(i, 0))
         self._history = self._pad(obs)
         self._episode_return.zero_()
         self._episode_length.zero_()
@@ -201,6 +214,11 @@ class ChunkedEnv:
             mask = alive.view(-1, *([1] * (rolled.ndim - 1)))
             self._history[k] = torch.where(mask, rolled, self._history[k])
 
+    def _episode_start_seed(self, i: int, k: int) -> int:
+        """The seed of env i's k-th episode since a `reset(seed, seed_every_episode=True, group_size=G)`."""
+        groups = self.num_envs // self._group_size
+        return self._episode_seed + i // self._group_size + k * groups
+
     def _reset_from(self, i: int, seed: int) -> Obs:
         """Reset env `i` alone to the start state of `seed` (env i of a reset gets `seed + i`)."""
         self._start_seed[i] = seed
@@ -215,7 +233,7 @@ class ChunkedEnv:
             self._start_seed[ids.cpu()] = -1
         else:
             for i in ids.tolist():
-                obs = self._reset_from(i, self._episode_seed + i + self._episodes_started[i] * self.num_envs)
+                obs = self._reset_from(i, self._episode_start_seed(i, self._episodes_started[i]))
                 self._episodes_started[i] += 1
         for k, hist in self._pad({k: v[ids] for k, v in obs.items()}).items():
             self._history[k][ids] = hist

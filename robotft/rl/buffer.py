@@ -33,6 +33,9 @@ class RolloutBuffer:
     """`[T, B]` 1.0 where the episode ended with this chunk (terminated or truncated)."""
     values: torch.Tensor = None  # type: ignore[assignment]
     """`[T, B]` critic values V(s_t) at sampling time."""
+    start_seeds: torch.Tensor | None = None
+    """`[T, B]` long: the start state (seed) of the episode that ended with each chunk, -1 elsewhere; recorded
+    for group-relative advantages per start state (`rl.group_size`)."""
     step: int = 0
 
     def __post_init__(self) -> None:

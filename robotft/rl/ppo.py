@@ -21,6 +21,7 @@ from torch import nn
 
 from robotft.distributed import DistContext
 from robotft.envs.chunked import ChunkedEnv
+from robotft.envs.start_states import FRESH_SEED_BASE, FRESH_SEEDS_PER_RUN
 from robotft.rl.algorithm import Algorithm
 from robotft.rl.buffer import RolloutBuffer, RunningRewardScaler, compute_gae
 from robotft.rl.critic import ValueCritic
@@ -86,6 +87,14 @@ class PPOConfig:
     of episodes (fresh resets, so they share the start-state distribution). Make `steps_per_iter` at least
     the episode length in chunks. The critic is not trained, `critic_warmup_iters` and `norm_adv` are
     ignored, and truncation is not bootstrapped."""
+    group_size: int = 0
+    """With `group_advantages`: groups of `group_size` envs run their episodes from the same start states, and an
+    episode's return is normalized within its start state's group of finished episodes (GRPO's group of G samples
+    per prompt, as embodied GRPO resets G envs to one initial state: SimpleVLA-RL, Li et al. 2025, arXiv
+    2509.09674; RLinf). A start state whose group all succeeded or all failed gives advantage 0 (nothing to
+    learn there), and the update trains on the chunks of the other episodes only (DAPO's filter of uniform
+    groups, Yu et al. 2025, arXiv 2503.14476). Must divide `num_envs`; needs envs that reset one env from a
+    seed (CPU) and in-process rollouts in one process. 0: the rollout's whole batch is the group."""
     logprob_reduction: str = "mean"
     """How a scored transition's per-entry log-densities become one log-probability: `mean` (DPPO's and
     ReinFlow's per-dimension normalization, for which a clip range of ~0.01 is published) or `sum` (the exact
@@ -146,6 +155,8 @@ class PPOConfig:
                      "target_kl", "max_grad_norm", "clip_value", "vf_coef"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)}")
+        if self.group_size < 0 or (self.group_size and not self.group_advantages):
+            raise ValueError(f"rl.group_size must be >= 0 and needs rl.group_advantages, got {self.group_size}")
         if self.group_advantages and (self.reward_scale or self.bootstrap_on_success):
             raise ValueError("rl.group_advantages uses raw episode returns: turn off rl.reward_scale and "
                              "rl.bootstrap_on_success")
@@ -187,6 +198,8 @@ class PPO:
         self.env_steps = 0
         self.seed = seed
         self._obs = None
+        if cfg.group_size:
+            self._check_groups(env)
         if cfg.cuda_graphs and self.device.type != "cuda":
             raise ValueError(f"rl.cuda_graphs needs a CUDA device; this run is on {self.device} (drop the flag)")
         if cfg.compile or cfg.cuda_graphs:
@@ -195,6 +208,19 @@ class PPO:
             mode = "reduce-overhead" if cfg.cuda_graphs else None
             for module in [*algo.policy.children(), critic]:
                 module.compile(mode=mode)
+
+    def _check_groups(self, env: ChunkedEnv | None) -> None:
+        """`rl.group_size` seeds each env's episodes (ChunkedEnv.reset's `group_size`): refuse where that cannot
+        give a group one start state."""
+        g = self.cfg.group_size
+        if env is None or self.dist.enabled:
+            raise ValueError("rl.group_size needs in-process rollouts in one process (no rollout workers, no "
+                             "torchrun): the groups' start states are seeded env by env there")
+        if env.num_envs % g:
+            raise ValueError(f"rl.group_size {g} must divide env.num_envs {env.num_envs}")
+        if env.device.type != "cpu":
+            raise ValueError(f"rl.group_size seeds start states env by env, which the simulator on {env.device} "
+                             f"does not do (it seeds a batch); run the envs on the CPU")
 
     def _autocast(self):
         """bf16 autocast of forward passes when `rl.bf16` is on (a no-op context otherwise)."""
@@ -212,7 +238,10 @@ class PPO:
     def collect(self) -> tuple[RolloutBuffer, torch.Tensor, RolloutStats]:
         """Roll out `steps_per_iter` chunks per env. Returns the buffer, V(s_T) `[B]` and stats."""
         cfg, env = self.cfg, self.env
-        if self._obs is None or cfg.group_advantages:
+        if cfg.group_size:  # fresh start states every iteration, far from the evaluation's (start_states.py)
+            seed = FRESH_SEED_BASE + (self.seed % 1000) * FRESH_SEEDS_PER_RUN + 10_000 * self.iteration
+            self._obs = env.reset(seed=seed, seed_every_episode=True, group_size=cfg.group_size)
+        elif self._obs is None or cfg.group_advantages:
             self._obs = env.reset(seed=self.seed + 10_000 * self.iteration)
         buf = RolloutBuffer(cfg.steps_per_iter, env.num_envs, self.device)
         t0 = time.perf_counter()
@@ -220,7 +249,7 @@ class PPO:
         # Episode statistics stay on the device until the rollout ends: no host sync per chunk for them.
         episodes = torch.zeros((), dtype=torch.long, device=self.device)
         successes = torch.zeros((), dtype=torch.long, device=self.device)
-        ended_returns, ended = [], []
+        ended_returns, ended, ended_seeds = [], [], []
         reward_lo = reward_hi = None
         self.algo.policy.eval()
         for _ in range(cfg.steps_per_iter):
@@ -251,6 +280,8 @@ class PPO:
             successes += (info["success"] & done).sum()
             ended_returns.append(info["episode_return"])
             ended.append(done)
+            if cfg.group_size:
+                ended_seeds.append(torch.where(done.cpu(), info["start_seed"], -1))
         with self._autocast():
             next_value = self._value(self._obs).float()
         returns = torch.stack(ended_returns)[torch.stack(ended)].tolist() if ended else []
@@ -259,6 +290,8 @@ class PPO:
                                                                               varied]))
         returns = self.dist.gather_lists(returns)
         self.env_steps += steps
+        if cfg.group_size:
+            buf.start_seeds = torch.stack(ended_seeds)
         stats = RolloutStats(steps, episodes, successes, returns, time.perf_counter() - t0,
                              signal=successes > 0 or varied > 0)
         return buf, next_value, stats
@@ -285,7 +318,7 @@ class PPO:
         for group in self.critic_opt.param_groups:
             group["lr"] = critic_lr
         if cfg.group_advantages:
-            advantages = group_relative_advantages(buf.rewards, buf.dones, dist=self.dist)
+            advantages = group_relative_advantages(buf.rewards, buf.dones, dist=self.dist, groups=buf.start_seeds)
             returns = torch.zeros_like(advantages)  # no critic to train
         else:
             advantages, returns = compute_gae(
@@ -295,6 +328,15 @@ class PPO:
         obs, samples = flat["obs"], flat["samples"]
         old_logp, old_values = flat["logprobs"], flat["values"]
         advantages, returns = advantages.reshape(-1), returns.reshape(-1)
+        informative = None
+        if cfg.group_size:  # only episodes whose start state's group had mixed outcomes carry a gradient
+            keep = advantages != 0
+            informative = float(keep.float().mean())
+            signal = signal and bool(keep.any())
+            if keep.any():
+                obs, samples = {k: v[keep] for k, v in obs.items()}, {k: v[keep] for k, v in samples.items()}
+                old_logp, old_values = old_logp[keep], old_values[keep]
+                advantages, returns = advantages[keep], returns[keep]
         n = advantages.shape[0]
         mb = self.minibatch_size(n)
         train_critic = not cfg.group_advantages
@@ -308,7 +350,8 @@ class PPO:
         # random crops, a different distribution than the one the old log-probabilities came from.
         self.algo.policy.eval()
         stop = False
-        for _epoch in range(cfg.update_epochs):
+        # Without a critic (group-relative advantages) a skipped actor leaves nothing to train.
+        for _epoch in range(cfg.update_epochs if train_critic or train_actor else 0):
             perm = torch.randperm(n, device=self.device)
             for start in range(0, n - mb + 1, mb):
                 idx = perm[start : start + mb]
@@ -355,6 +398,8 @@ class PPO:
         out["kl_early_stop"] = float(stop)
         out["actor_trained"] = float(train_actor)
         out["actor_skipped_no_signal"] = float(skipped_no_signal)
+        if informative is not None:
+            out["informative_fraction"] = informative
         out["actor_lr"], out["critic_lr"] = actor_lr, critic_lr
         return out
 
@@ -441,25 +486,38 @@ class PPO:
 
 
 def group_relative_advantages(rewards: torch.Tensor, dones: torch.Tensor, eps: float = 1e-8,
-                              dist: DistContext | None = None) -> torch.Tensor:
+                              dist: DistContext | None = None, groups: torch.Tensor | None = None) -> torch.Tensor:
     """`[T, B]` GRPO outcome advantages (Shao et al. 2024, arXiv 2402.03300, §4.1.2) for a rollout that began
     with a reset of every env: each chunk gets (R_e - mean R) / (std R + eps), R_e the undiscounted return of
     its episode and the statistics over the episodes that ended in the rollout; chunks of unfinished episodes
-    get 0. `rewards`, `dones`: `[T, B]`. Under torchrun (`dist`) the group is every rank's episodes."""
+    get 0. `rewards`, `dones`: `[T, B]`. Under torchrun (`dist`) the group is every rank's episodes.
+
+    `groups` (`[T, B]` long, read where `dones`: the start state of the episode that ended there): the
+    statistics are each group's instead, over its finished episodes; a group of one episode, or whose
+    returns are all equal, gives its chunks 0."""
+    if groups is not None:
+        groups = groups.to(rewards.device)
     num_steps = rewards.shape[0]
     to_go, finished = torch.zeros_like(rewards), torch.zeros_like(dones, dtype=torch.bool)
     next_to_go, next_finished = torch.zeros_like(rewards[0]), torch.zeros_like(finished[0])
+    group_of = torch.zeros_like(dones, dtype=torch.long)
+    next_group = torch.zeros_like(group_of[0])
     for t in reversed(range(num_steps)):  # reward-to-go within the episode, and whether the episode ends
         done = dones[t].bool()
         next_to_go = rewards[t] + torch.where(done, 0.0, next_to_go)
         next_finished = done | next_finished
         to_go[t], finished[t] = next_to_go, next_finished
+        if groups is not None:
+            next_group = torch.where(done, groups[t], next_group)
+            group_of[t] = next_group
     episode_return, starts = torch.zeros_like(rewards), torch.ones_like(finished)
     starts[1:] = dones[:-1].bool()
     current = to_go[0]
     for t in range(num_steps):  # the return-to-go at an episode's first chunk is its return
         current = torch.where(starts[t], to_go[t], current)
         episode_return[t] = current
+    if groups is not None:
+        return _per_group_advantages(episode_return, group_of, starts & finished, finished, eps)
     group = episode_return[starts & finished]
     dist = dist or DistContext()
     n = int(dist.sum([float(group.numel())])[0])  # the same on every rank, so all take the same branch
@@ -470,6 +528,23 @@ def group_relative_advantages(rewards: torch.Tensor, dones: torch.Tensor, eps: f
     else:
         mean, std = dist.mean_std(group)
     return torch.where(finished, (episode_return - mean) / (std + eps), 0.0)
+
+
+def _per_group_advantages(episode_return: torch.Tensor, group_of: torch.Tensor, first_chunk: torch.Tensor,
+                          finished: torch.Tensor, eps: float) -> torch.Tensor:
+    """(R_e - mean_g R) / (std_g R + eps) per chunk of a finished episode e of group g (unbiased std over the
+    group's finished episodes, as torch.std); 0 for groups of one or of equal returns."""
+    ids, inverse = torch.unique(group_of[first_chunk], return_inverse=True)
+    returns = episode_return[first_chunk]
+    count = torch.zeros(len(ids), device=returns.device).index_add_(0, inverse, torch.ones_like(returns))
+    mean = torch.zeros_like(count).index_add_(0, inverse, returns) / count
+    var = torch.zeros_like(count).index_add_(0, inverse, (returns - mean[inverse]) ** 2) / (count - 1).clamp(min=1)
+    std = var.sqrt()
+    varied = std > 1e-6 * (1 + mean.abs())  # float rounding must not turn equal returns into unit advantages
+    advantages = torch.zeros_like(episode_return)
+    g = torch.searchsorted(ids, group_of[finished])
+    advantages[finished] = torch.where(varied[g], (episode_return[finished] - mean[g]) / (std[g] + eps), 0.0)
+    return advantages
 
 
 def cosine_with_warmup(iteration: int, total: int, warmup: int, peak: float, floor: float) -> float:

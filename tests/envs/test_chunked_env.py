@@ -161,3 +161,23 @@ def test_start_states_replay_a_failed_start_state_exactly():
     assert info["start_seed"].tolist() == list(first_frames)
     with pytest.raises(ValueError, match="a seed or start_states"):
         env.reset(seed=0, start_states=starts)
+
+
+def test_grouped_envs_run_their_episodes_from_the_same_start_states():
+    """group_size 2: envs (0, 1) and (2, 3) start each episode from one start state per group, and episode k of
+    a group is seeded seed + group + k · groups."""
+    env = ChunkedEnv(ToyNavEnv(4, max_episode_steps=4), obs_steps=1, act_steps=4)
+    obs = env.reset(seed=50, seed_every_episode=True, group_size=2)
+    first = obs["state"][:, 0]
+    assert torch.equal(first[0], first[1]) and torch.equal(first[2], first[3])
+    assert not torch.equal(first[0], first[2])
+    obs, _, _, _, info = env.step(torch.zeros(4, 4, 2))  # every env ends its episode
+    assert info["done"].all() and info["start_seed"].tolist() == [50, 50, 51, 51]
+    second = obs["state"][:, 0]
+    assert torch.equal(second[0], second[1]) and torch.equal(second[2], second[3])
+    _, _, _, _, info = env.step(torch.zeros(4, 4, 2))
+    assert info["start_seed"].tolist() == [52, 52, 53, 53]
+    with pytest.raises(ValueError, match="group_size 3 .*divide num_envs"):
+        env.reset(seed=0, seed_every_episode=True, group_size=3)
+    with pytest.raises(ValueError, match="group_size 2 needs seed_every_episode"):
+        env.reset(seed=0, group_size=2)

@@ -40,6 +40,45 @@ def test_group_relative_advantages_by_hand():
     assert torch.equal(group_relative_advantages(rewards, torch.zeros_like(dones)), torch.zeros_like(rewards))
 
 
+def test_per_start_state_group_advantages_by_hand():
+    # Start state 7: episodes of returns 1 and 0 (one in each env); start state 8: two successes (equal returns);
+    # start state 9: one episode alone; env 3's last chunk is an unfinished episode.
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
+    dones = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+    groups = torch.tensor([[-1, -1, -1, -1], [7, 7, 8, 8], [-1, -1, 9, -1]])
+    z = (1.0 - 0.5) / (torch.tensor([1.0, 0.0]).std() + 1e-8)
+    expected = torch.tensor([[z, -z, 0.0, 0.0], [z, -z, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert torch.allclose(group_relative_advantages(rewards, dones, groups=groups), expected)
+
+
+def test_start_state_groups_share_start_states_and_train_on_mixed_outcomes_only():
+    ppo = _ppo(group_advantages=True, group_size=4, update_epochs=1, actor_lr=1e-2)
+    buf, next_value, _ = ppo.collect()  # 6 chunks of 2 steps, episodes of 8 steps: each env ends one episode
+    first = buf.obs["state"][0, :, 0]
+    assert torch.equal(first[:4], first[:1].expand(4, -1)) and torch.equal(first[4:], first[4:5].expand(4, -1))
+    assert not torch.equal(first[0], first[4])
+    seeds = buf.start_seeds[3]  # the 8-step episodes end with the 4th chunk
+    assert buf.dones[3].all() and len(set(seeds[:4].tolist())) == 1 and len(set(seeds[4:].tolist())) == 1
+    advantages = group_relative_advantages(buf.rewards, buf.dones, groups=buf.start_seeds)
+    assert advantages[:4].ne(0).all() and advantages[4:].eq(0).all()  # the dense returns differ within a group
+    metrics = ppo.update(buf, next_value)
+    assert metrics["informative_fraction"] == pytest.approx(4 / 6) and metrics["actor_trained"] == 1.0
+    # Equal outcomes within every group (e.g. all failed under a sparse reward): nothing to learn, no step.
+    buf, next_value, _ = ppo.collect()
+    buf.rewards.zero_()
+    actor_before = copy.deepcopy(ppo.algo.policy.state_dict())
+    metrics = ppo.update(buf, next_value, signal=True)
+    assert metrics["informative_fraction"] == 0.0 and metrics["actor_skipped_no_signal"] == 1.0
+    assert all(torch.equal(v, ppo.algo.policy.state_dict()[k]) for k, v in actor_before.items())
+
+
+def test_start_state_groups_are_refused_where_they_cannot_share_a_start_state():
+    with pytest.raises(ValueError, match="group_size must be >= 0 and needs rl.group_advantages"):
+        PPOConfig(group_size=2)
+    with pytest.raises(ValueError, match="group_size 3 must divide env.num_envs 8"):
+        _ppo(group_advantages=True, group_size=3)
+
+
 def test_group_advantages_train_the_actor_without_the_critic():
     ppo = _ppo(group_advantages=True, critic_warmup_iters=3, update_epochs=2, actor_lr=1e-2)
     actor_before = copy.deepcopy(ppo.algo.policy.state_dict())
@@ -128,3 +167,13 @@ def test_group_advantages_raise_success_on_toy(tmp_path, weak_gaussian_bc, toy_s
     after = toy_success(ft)
     assert before > 0.1, f"BC should beat a policy that never reaches the goal, got {before:.2f}"
     assert after > before + 0.15, f"group-relative PPO should improve on BC: {before:.2f} -> {after:.2f}"
+
+
+def test_start_state_groups_raise_success_on_toy(tmp_path, weak_gaussian_bc, toy_success, toy_finetune):
+    """Groups of 5 envs per start state (10 groups of the 50 envs): critic-free PPO beats the weak BC."""
+    before = toy_success(weak_gaussian_bc)
+    ft = toy_finetune(weak_gaussian_bc, tmp_path / "grpo_groups", "ppo",
+                      PPOConfig(iterations=20, steps_per_iter=10, minibatch_size=100, update_epochs=10,
+                                actor_lr=3e-4, clip_eps=0.2, group_advantages=True, group_size=5))
+    after = toy_success(ft)
+    assert after > before + 0.15, f"per-start-state group PPO should improve on BC: {before:.2f} -> {after:.2f}"
