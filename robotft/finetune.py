@@ -305,9 +305,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                     update = ppo.update(buf, next_value, signal=stats.signal)
                 update_s = time.perf_counter() - t0
                 if update["actor_skipped_no_signal"] and ctx.is_main:
-                    tqdm.write(f"iteration {ppo.iteration}: no success and a constant reward in the rollout, so no "
-                               "learning signal: the actor was not updated (rl.skip_no_signal); consider a dense "
-                               "reward or a stronger starting policy", file=sys.stderr)
+                    tqdm.write(no_signal_message(ppo.iteration, stats.signal), file=sys.stderr)
                 log.log(ppo.env_steps, iteration_scalars(update, stats, kl_to_base, update_s, ppo.env_steps,
                                                          wall_seconds()))
                 last = ppo.iteration == cfg.rl.iterations
@@ -374,6 +372,16 @@ def evaluate_policy(policy: Policy, env: ChunkedEnv, episodes: int) -> EvalResul
     with progress_bar(total=episodes, desc="evaluate", unit="episode", leave=False) as bar:
         return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), env, episodes, seed=EVAL_SEED,
                         progress=capped_update(bar))
+
+
+def no_signal_message(iteration: int, rollout_signal: bool) -> str:
+    """Why iteration `iteration`'s actor update was skipped (rl.skip_no_signal): the rollout had no success and a
+    constant reward, or (`rollout_signal` True: per-start-state groups) every group's episodes ended alike."""
+    if rollout_signal:
+        return (f"iteration {iteration}: every start state's group of episodes had equal returns (rl.group_size), "
+                "so no learning signal: the actor was not updated (rl.skip_no_signal)")
+    return (f"iteration {iteration}: no success and a constant reward in the rollout, so no learning signal: the "
+            "actor was not updated (rl.skip_no_signal); consider a dense reward or a stronger starting policy")
 
 
 def iteration_scalars(update: dict[str, float], stats: Any, kl_to_base: float, update_seconds: float,

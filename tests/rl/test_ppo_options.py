@@ -72,6 +72,13 @@ def test_start_state_groups_share_start_states_and_train_on_mixed_outcomes_only(
     assert all(torch.equal(v, ppo.algo.policy.state_dict()[k]) for k, v in actor_before.items())
 
 
+def test_the_skip_message_says_whether_the_rollout_or_its_groups_lacked_a_signal():
+    from robotft.finetune import no_signal_message
+
+    assert "no success and a constant reward" in no_signal_message(3, rollout_signal=False)
+    assert "group of episodes had equal returns (rl.group_size)" in no_signal_message(3, rollout_signal=True)
+
+
 def test_start_state_groups_are_refused_where_they_cannot_share_a_start_state():
     with pytest.raises(ValueError, match="group_size must be >= 0 and needs rl.group_advantages"):
         PPOConfig(group_size=2)
