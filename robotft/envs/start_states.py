@@ -25,6 +25,14 @@ FRESH_SEED_BASE = 1_000_000_000
 FRESH_SEEDS_PER_RUN = 1_000_000
 
 
+def require_seeded_start_states(option: str, device: torch.device) -> None:
+    """Refuse `option`, which names a start state by the seed one env is reset with, for envs on `device` when a
+    seed does not name one there: a GPU simulator seeds a batch, not an env."""
+    if device.type != "cpu":
+        raise ValueError(f"{option} names start states by the seed one env is reset with, which names one only for "
+                         f"envs simulated on CPU; these envs are on {device}")
+
+
 class FailedStartReplay:
     """The start-state seed of each new training episode: a failed one again with probability `replay_prob`, else a
     fresh one."""

@@ -36,7 +36,7 @@ from torch import nn
 
 from robotft.envs.base import Obs
 from robotft.envs.chunked import ChunkedEnv
-from robotft.envs.start_states import FailedStartReplay
+from robotft.envs.start_states import FailedStartReplay, require_seeded_start_states
 from robotft.policies.base import Policy
 from robotft.rl.conservative import conservative_penalty
 from robotft.rl.q_ensemble import QEnsemble, polyak, subset_min
@@ -254,10 +254,8 @@ class OffPolicy:
                  seed: int = 0, demos: ChunkReplayBuffer | None = None) -> None:
         self.algo, self.critic, self.env, self.cfg = algo, critic, env, cfg
         self.device = env.device
-        if cfg.retry_failed_starts and self.device.type != "cpu":
-            # A GPU simulator seeds a batch, not an env: a seed would not name one start state there.
-            raise ValueError(f"offpolicy.retry_failed_starts replays start states by their seed, which names one "
-                             f"only for envs simulated on CPU; these envs are on {self.device}")
+        if cfg.retry_failed_starts:
+            require_seeded_start_states("offpolicy.retry_failed_starts", self.device)
         self.target = copy.deepcopy(critic).requires_grad_(False) if critic is not None else None
         self.critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr) if critic is not None else None
         self.replay = ChunkReplayBuffer(cfg.buffer_size, env.num_envs, self.device)

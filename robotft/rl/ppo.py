@@ -21,7 +21,7 @@ from torch import nn
 
 from robotft.distributed import DistContext
 from robotft.envs.chunked import ChunkedEnv
-from robotft.envs.start_states import FRESH_SEED_BASE, FRESH_SEEDS_PER_RUN
+from robotft.envs.start_states import FRESH_SEED_BASE, FRESH_SEEDS_PER_RUN, require_seeded_start_states
 from robotft.rl.algorithm import Algorithm
 from robotft.rl.buffer import RolloutBuffer, RunningRewardScaler, compute_gae
 from robotft.rl.critic import ValueCritic
@@ -218,9 +218,7 @@ class PPO:
                              "torchrun): the groups' start states are seeded env by env there")
         if env.num_envs % g:
             raise ValueError(f"rl.group_size {g} must divide env.num_envs {env.num_envs}")
-        if env.device.type != "cpu":
-            raise ValueError(f"rl.group_size seeds start states env by env, which the simulator on {env.device} "
-                             f"does not do (it seeds a batch); run the envs on the CPU")
+        require_seeded_start_states("rl.group_size", env.device)
 
     def _autocast(self):
         """bf16 autocast of forward passes when `rl.bf16` is on (a no-op context otherwise)."""
