@@ -23,6 +23,16 @@ import torch
 FRESH_SEED_BASE = 1_000_000_000
 """First seed of the fresh start states (run seed s counts up from FRESH_SEED_BASE + s · FRESH_SEEDS_PER_RUN)."""
 FRESH_SEEDS_PER_RUN = 1_000_000
+RESTART_SEED_STRIDE = 10_000
+"""Seeds between the restarts of two iterations: room for every env's first episode, or a grouped rollout's."""
+
+
+def fresh_start_seed(run_seed: int, iteration: int) -> int:
+    """The seed the training envs restart from at `iteration` (env i, or group i, takes it + i): in run seed
+    `run_seed`'s fresh range, so a restart never lands on an evaluation's start states however long the run. After
+    FRESH_SEEDS_PER_RUN / RESTART_SEED_STRIDE iterations the run's own earlier restart seeds come round again."""
+    return (FRESH_SEED_BASE + (run_seed % 1000) * FRESH_SEEDS_PER_RUN
+            + (RESTART_SEED_STRIDE * iteration) % FRESH_SEEDS_PER_RUN)
 
 
 def require_seeded_start_states(option: str, device: torch.device) -> None:

@@ -36,7 +36,12 @@ from torch import nn
 
 from robotft.envs.base import Obs
 from robotft.envs.chunked import ChunkedEnv
-from robotft.envs.start_states import FailedStartReplay, require_seeded_start_states
+from robotft.envs.start_states import (
+    RESTART_SEED_STRIDE,
+    FailedStartReplay,
+    fresh_start_seed,
+    require_seeded_start_states,
+)
 from robotft.policies.base import Policy
 from robotft.rl.conservative import conservative_penalty
 from robotft.rl.q_ensemble import QEnsemble, polyak, subset_min
@@ -288,7 +293,8 @@ class OffPolicy:
                 self.start_states.abandon_in_progress()
                 self._obs = env.reset(start_states=self.start_states)
             else:
-                self._obs = env.reset(seed=self.seed + 10_000 * self.iteration + 5_000 * warmup)
+                offset = RESTART_SEED_STRIDE // 2 if warmup else 0  # warm-up rollouts run before iteration 0's
+                self._obs = env.reset(seed=fresh_start_seed(self.seed, self.iteration) + offset)
         replayed_before = self.start_states.replayed if self.start_states is not None else 0
         t0 = time.perf_counter()
         episodes = successes = env_steps = replays_ended = replays_solved = 0

@@ -21,7 +21,7 @@ from torch import nn
 
 from robotft.distributed import DistContext
 from robotft.envs.chunked import ChunkedEnv
-from robotft.envs.start_states import FRESH_SEED_BASE, FRESH_SEEDS_PER_RUN, require_seeded_start_states
+from robotft.envs.start_states import fresh_start_seed, require_seeded_start_states
 from robotft.rl.algorithm import Algorithm
 from robotft.rl.buffer import RolloutBuffer, RunningRewardScaler, compute_gae
 from robotft.rl.critic import ValueCritic
@@ -236,11 +236,12 @@ class PPO:
     def collect(self) -> tuple[RolloutBuffer, torch.Tensor, RolloutStats]:
         """Roll out `steps_per_iter` chunks per env. Returns the buffer, V(s_T) `[B]` and stats."""
         cfg, env = self.cfg, self.env
-        if cfg.group_size:  # fresh start states every iteration, far from the evaluation's (start_states.py)
-            seed = FRESH_SEED_BASE + (self.seed % 1000) * FRESH_SEEDS_PER_RUN + 10_000 * self.iteration
-            self._obs = env.reset(seed=seed, seed_every_episode=True, group_size=cfg.group_size)
+        # Restarts draw fresh start states, never the evaluation's (start_states.py).
+        if cfg.group_size:  # every iteration
+            self._obs = env.reset(seed=fresh_start_seed(self.seed, self.iteration), seed_every_episode=True,
+                                  group_size=cfg.group_size)
         elif self._obs is None or cfg.group_advantages:
-            self._obs = env.reset(seed=self.seed + 10_000 * self.iteration)
+            self._obs = env.reset(seed=fresh_start_seed(self.seed, self.iteration))
         buf = RolloutBuffer(cfg.steps_per_iter, env.num_envs, self.device)
         t0 = time.perf_counter()
         steps = 0

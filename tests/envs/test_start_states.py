@@ -2,7 +2,8 @@
 
 import pytest
 
-from robotft.envs.start_states import FRESH_SEED_BASE, FailedStartReplay
+from robotft.envs.start_states import FRESH_SEED_BASE, FailedStartReplay, fresh_start_seed
+from robotft.evaluation import EVAL_SEED
 
 
 def test_a_failed_start_state_is_replayed_up_to_retries_times_then_given_up():
@@ -43,6 +44,14 @@ def test_fresh_start_states_are_outside_the_evaluation_seeds_and_differ_between_
     drawn = [{r.next_seed() for _ in range(100)} for r in runs]
     assert all(min(d) >= FRESH_SEED_BASE for d in drawn)
     assert not drawn[0] & drawn[1] and all(len(d) == 100 for d in drawn)
+
+
+def test_restarts_never_land_on_evaluation_start_states_however_long_the_run():
+    # Env i of a restart takes seed + i; evaluations take EVAL_SEED + r and `robotft eval --seed S` S + r.
+    starts = {fresh_start_seed(seed, it) + i for seed in (0, 1, 999, 5000) for it in range(1000) for i in range(1024)}
+    assert min(starts) >= FRESH_SEED_BASE > EVAL_SEED + 10**6
+    assert max(starts) < 2**31  # a seed every simulator accepts
+    assert fresh_start_seed(0, 1) != fresh_start_seed(0, 0) and fresh_start_seed(1, 0) != fresh_start_seed(0, 0)
 
 
 def test_replay_prob_is_the_share_of_new_episodes_that_replay_a_waiting_state():
