@@ -435,8 +435,8 @@ class EnvConfig:
     obs_mode: str = "state"
     """Observation mode: `state`, or `rgb` for camera observations."""
     reward_mode: str = "dense"
-    """Reward: `normalized_dense`, `dense` or `sparse` (ManiSkill); `dense`/`sparse` for robosuite and the
-    toy suite."""
+    """Reward: `normalized_dense`, `dense` or `sparse` (ManiSkill and the toy suite); `dense`/`sparse` for
+    robosuite."""
     max_episode_steps: int = 100
     """Episode limit in env steps (not chunks); motion-planned demos need >= 100 on ManiSkill."""
     control_hz: float = 20.0

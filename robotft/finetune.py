@@ -32,6 +32,7 @@ from robotft.rl.kl_monitor import KLMonitorConfig, KLToBase
 from robotft.rl.offpolicy import OffPolicyAlgorithm, OffPolicyConfig
 from robotft.rl.ppo import PPO, PPOConfig
 from robotft.rl.rollout import RolloutConfig
+from robotft.rl.shaping import check_shaping_env
 from robotft.runlog import (
     NullLogger,
     RunLogger,
@@ -217,6 +218,8 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     start = load_start(cfg, policy_overrides, resume, device)
     cfg, source, origin, resuming, policy = start.cfg, start.source, start.origin, start.resuming, start.policy
     env_cfg, previous, algo = cfg.env, start.previous, start.algo
+    if cfg.rl.potential_shaping:
+        check_shaping_env(env_cfg)
 
     # With Ray the training envs live on the workers; the learner only holds evaluation envs (rank 0).
     env = make_env(env_cfg, device=device) if cfg.rollout.backend == "inprocess" else None

@@ -66,18 +66,19 @@ def toy_pretrain(toy_demos):
 
 @pytest.fixture(scope="session")
 def toy_finetune():
-    """`toy_finetune(source, out, algo, rl, **sections)` fine-tunes on 50 nav2d envs → the run directory.
-    `rl`: a whole PPOConfig, or a dict of fields set over the algorithm's own defaults (budget sizes only, for
-    tests that check the defaults learn)."""
+    """`toy_finetune(source, out, algo, rl, env_fields=None, **sections)` fine-tunes on 50 nav2d envs → the run
+    directory. `rl`: a whole PPOConfig, or a dict of fields set over the algorithm's own defaults (budget sizes
+    only, for tests that check the defaults learn); `env_fields`: EnvConfig fields set over TOY_NAV2D's."""
 
-    def run(source: Path, out: Path, algo: str, rl: PPOConfig | dict, **sections) -> Path:
+    def run(source: Path, out: Path, algo: str, rl: PPOConfig | dict, env_fields: dict | None = None,
+            **sections) -> Path:
         if isinstance(rl, dict):
             rl = dataclasses.replace(FinetuneConfig.for_algorithm(algo).rl, **rl)
         cfg = FinetuneConfig(
             source=str(source),
             out=str(out),
             algo=algo,
-            env=dataclasses.replace(TOY_NAV2D, num_envs=50),
+            env=dataclasses.replace(TOY_NAV2D, num_envs=50, **(env_fields or {})),
             rl=rl,
             eval_episodes=0,
             save_every=rl.iterations,

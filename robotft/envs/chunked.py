@@ -122,8 +122,9 @@ class ChunkedEnv:
         `done`, `success` (at each env's last valid step: ManiSkill's `success_at_end`), `success_once` (at
         any step of the episode so far, ManiSkill's `success_once`), `start_seed` (`[B]` long, the seed each
         env's episode started from, -1 where it was not seeded), `final_obs` (histories when each env
-        finished; equal to `obs` for envs not done), `episode_return` and `episode_length` (env steps;
-        valid where `done`), `steps` (env steps executed, `B * act_steps`). With `render_env` = i, also
+        finished; equal to `obs` for envs not done), `last_reward` (`[B]`, the reward of each env's last valid
+        step: the dense reward measured on the state the chunk ended in), `episode_return` and `episode_length`
+        (env steps; valid where `done`), `steps` (env steps executed, `B * act_steps`). With `render_env` = i, also
         `frames`: env i rendered after each of its env steps in this chunk up to and including the one that
         ended its episode (`[H, W, 3]` uint8 numpy arrays, control rate; videos only, it reads the device).
         """
@@ -133,6 +134,7 @@ class ChunkedEnv:
         B, dev = self.num_envs, self.device
         alive = torch.ones(B, dtype=torch.bool, device=dev)
         reward_sum = torch.zeros(B, device=dev)
+        last_reward = torch.zeros(B, device=dev)
         terminated = torch.zeros(B, dtype=torch.bool, device=dev)
         truncated = torch.zeros(B, dtype=torch.bool, device=dev)
         success = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -142,6 +144,7 @@ class ChunkedEnv:
         for t in range(self.act_steps):
             obs, reward, term, trunc, info = results[t] if results is not None else self.env.step(chunk[:, t])
             reward_sum += torch.where(alive, reward.float(), 0.0)
+            last_reward = torch.where(alive, reward.float(), last_reward)
             self._episode_length += alive.long()
             success = torch.where(alive, info["success"].bool(), success)
             self._success_once |= alive & info["success"].bool()
@@ -161,6 +164,7 @@ class ChunkedEnv:
             "success_once": self._success_once.clone(),
             "start_seed": self._start_seed.clone(),
             "final_obs": {k: v.clone() for k, v in self._history.items()},
+            "last_reward": last_reward,
             "episode_return": self._episode_return.clone(),
             "episode_length": self._episode_length.clone(),
             "steps": B * self.act_steps,

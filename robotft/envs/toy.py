@@ -42,7 +42,7 @@ BLOB_SIGMA = 0.1
 TASKS = {"nav2d": 0.35, "reach2d": 0.0}
 """Task id -> obstacle radius (metres; 0 = no obstacle)."""
 
-REWARD_MODES = ("dense", "sparse")
+REWARD_MODES = ("dense", "normalized_dense", "sparse")
 
 
 class ToyNavEnv(BatchedEnv):
@@ -50,7 +50,9 @@ class ToyNavEnv(BatchedEnv):
     plus `rgb/top` uint8 `[B, image_size, image_size, 3]` when `image_size > 0`.
 
     Dense reward per step: progress toward the goal (metres, previous minus new distance),
-    `- COLLISION_PENALTY` on collision, `+ SUCCESS_BONUS` on success. Sparse: 1 on success, else 0.
+    `- COLLISION_PENALTY` on collision, `+ SUCCESS_BONUS` on success. Normalized dense (as ManiSkill's: measured
+    on the state reached, in [0, 1], 1 at success): `1 - tanh(distance to the goal)` scaled by one half, 0 on
+    collision, 1 on success. Sparse: 1 on success, else 0.
     Collision and success terminate; `max_episode_steps` truncates.
     """
 
@@ -133,6 +135,8 @@ class ToyNavEnv(BatchedEnv):
         success = (dist < GOAL_RADIUS) & ~collided
         if self.reward_mode == "dense":
             reward = (prev_dist - dist) - COLLISION_PENALTY * collided + SUCCESS_BONUS * success
+        elif self.reward_mode == "normalized_dense":
+            reward = torch.where(success, 1.0, torch.where(collided, 0.0, 0.5 * (1 - torch.tanh(dist))))
         else:
             reward = success.float()
         terminated = collided | success

@@ -25,6 +25,7 @@ from robotft.envs.start_states import fresh_start_seed, require_seeded_start_sta
 from robotft.rl.algorithm import Algorithm
 from robotft.rl.buffer import RolloutBuffer, RunningRewardScaler, compute_gae
 from robotft.rl.critic import ValueCritic
+from robotft.rl.shaping import PotentialShaping
 
 LOGPROB_REDUCTIONS = ("mean", "sum", "none")
 LR_SCHEDULES = ("constant", "cosine")
@@ -77,6 +78,13 @@ class PPOConfig:
     """Treat a success that ends the episode as an absorbing state worth V(final obs), as ManiSkill's PPO
     baseline does, instead of the end of all reward. With a dense reward that stops at success, an
     episodic return otherwise pays the policy to hover near the goal without ever succeeding."""
+    potential_shaping: bool = False
+    """Train on the sparse success reward shaped by the env's dense reward as a potential (robotft.rl.shaping;
+    Ng et al. 1999): each chunk earns 1 at success plus γΦ(s') − Φ(s), Φ the dense reward of the state reached.
+    The returns stay the sparse ones, so what is optimal does not change, but credit for progress (reaching,
+    grasping, lifting) or its loss arrives at the chunk that made it. Needs an env whose dense reward is measured
+    on the state (ManiSkill's `dense`/`normalized_dense`, robosuite's `dense`, the toy suite's
+    `normalized_dense`)."""
     critic_hidden: tuple[int, ...] = (256, 256, 256)
     """Critic MLP widths."""
     group_advantages: bool = False
@@ -157,9 +165,12 @@ class PPOConfig:
                 raise ValueError(f"rl.{name} must be >= 0, got {getattr(self, name)}")
         if self.group_size < 0 or (self.group_size and not self.group_advantages):
             raise ValueError(f"rl.group_size must be >= 0 and needs rl.group_advantages, got {self.group_size}")
-        if self.group_advantages and (self.reward_scale or self.bootstrap_on_success):
-            raise ValueError("rl.group_advantages uses raw episode returns: turn off rl.reward_scale and "
-                             "rl.bootstrap_on_success")
+        if self.group_advantages and (self.reward_scale or self.bootstrap_on_success or self.potential_shaping):
+            raise ValueError("rl.group_advantages uses raw episode returns: turn off rl.reward_scale, "
+                             "rl.bootstrap_on_success and rl.potential_shaping")
+        if self.potential_shaping and self.bootstrap_on_success:
+            raise ValueError("rl.potential_shaping ends a successful episode with its success reward (Φ = 0 at the "
+                             "end); turn off rl.bootstrap_on_success, which would add a bootstrapped value to it")
 
 
 @dataclass
@@ -194,6 +205,7 @@ class PPO:
         self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
         num_envs = env.num_envs if env is not None else 1
         self.reward_scaler = RunningRewardScaler(num_envs, cfg.gamma, self.device, dist=self.dist)
+        self.shaping = PotentialShaping(num_envs, cfg.gamma, self.device) if cfg.potential_shaping else None
         self.iteration = 0
         self.env_steps = 0
         self.seed = seed
@@ -242,6 +254,8 @@ class PPO:
                                   group_size=cfg.group_size)
         elif self._obs is None or cfg.group_advantages:
             self._obs = env.reset(seed=fresh_start_seed(self.seed, self.iteration))
+            if self.shaping is not None:
+                self.shaping.restart()
         buf = RolloutBuffer(cfg.steps_per_iter, env.num_envs, self.device)
         t0 = time.perf_counter()
         steps = 0
@@ -260,6 +274,8 @@ class PPO:
             done = terminated | truncated
             reward_lo = reward.min() if reward_lo is None else torch.minimum(reward_lo, reward.min())
             reward_hi = reward.max() if reward_hi is None else torch.maximum(reward_hi, reward.max())
+            if self.shaping is not None:
+                reward = self.shaping(info, terminated, truncated)
             if cfg.reward_scale:
                 reward = self.reward_scaler(reward, done)
             if cfg.reward_clip > 0:

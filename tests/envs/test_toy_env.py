@@ -58,6 +58,29 @@ def test_reaching_goal_terminates_with_success_and_bonus():
     assert torch.equal(reward, torch.ones(4))
 
 
+def test_normalized_dense_reward_is_measured_on_the_state_reached():
+    # Straight towards the goal: 0.5 (1 - tanh(distance)) rises on the way and is 1 at success.
+    env = ToyNavEnv(2, task="reach2d", reward_mode="normalized_dense")
+    obs, rewards = env.reset(seed=3), []
+    for _ in range(40):
+        delta = obs["state"][:, 2:] - obs["state"][:, :2]
+        obs, reward, term, _, info = env.step((delta / MAX_STEP).clamp(-1, 1))
+        rewards.append(reward)
+        if term.all():
+            break
+    rewards = torch.stack(rewards)
+    assert info["success"].all() and torch.equal(rewards[-1], torch.ones(2))
+    assert (rewards[1:-1] > rewards[:-2]).all() and (rewards[:-1] < 0.5).all()
+    # On collision: 0 (nav2d's obstacle sits between start and goal).
+    env = ToyNavEnv(3, reward_mode="normalized_dense")
+    env.reset(seed=1)
+    for _ in range(12):
+        _, reward, term, _, info = env.step(torch.tensor([[0.0, 1.0]] * 3))
+        if term.all():
+            break
+    assert info["collision"].all() and torch.equal(reward, torch.zeros(3))
+
+
 def test_truncation_at_max_episode_steps():
     env = ToyNavEnv(2, max_episode_steps=5)
     env.reset(seed=0)
