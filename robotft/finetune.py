@@ -153,6 +153,10 @@ def run_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = 
     if getattr(ALGORITHMS.get(cfg.algo), "core", "ppo") == "offpolicy":
         from robotft.finetune_offpolicy import run_offpolicy_finetune
 
+        if cfg.rl.potential_shaping:
+            raise ValueError(f"rl.potential_shaping shapes the PPO core's rewards; --algo {cfg.algo} runs on the "
+                             "off-policy core, which does not use it")
+
         return run_offpolicy_finetune(cfg, policy_overrides, resume)
     if cfg.rollout.backend == "ray" and cfg.rl.reward_scale:
         raise ValueError("rl.reward_scale is not supported with rollout.backend ray: the running return "

@@ -74,6 +74,8 @@ def test_shaping_is_refused_beside_options_that_change_the_same_returns(tmp_path
                          env=dataclasses.replace(TOY_NAV2D, num_envs=2), rl=PPOConfig(potential_shaping=True))
     with pytest.raises(ValueError, match="set env.reward_mode to normalized_dense"):
         run_finetune(cfg)
+    with pytest.raises(ValueError, match="potential_shaping.*off-policy core"):
+        run_finetune(dataclasses.replace(cfg, algo="filtered_bc"))
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 
