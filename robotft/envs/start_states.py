@@ -21,18 +21,20 @@ from collections import deque
 import torch
 
 FRESH_SEED_BASE = 1_000_000_000
-"""First seed of the fresh start states (run seed s counts up from FRESH_SEED_BASE + s · FRESH_SEEDS_PER_RUN)."""
+"""First seed of the fresh start states: training restarts (`fresh_start_seed`) and FailedStartReplay's fresh
+states (run seed s counts up from FRESH_SEED_BASE + s · FRESH_SEEDS_PER_RUN) lie in [FRESH_SEED_BASE, 2 ·
+FRESH_SEED_BASE)."""
 FRESH_SEEDS_PER_RUN = 1_000_000
 RESTART_SEED_STRIDE = 10_000
 """Seeds between the restarts of two iterations: room for every env's first episode, or a grouped rollout's."""
 
 
 def fresh_start_seed(run_seed: int, iteration: int) -> int:
-    """The seed the training envs restart from at `iteration` (env i, or group i, takes it + i): in run seed
-    `run_seed`'s fresh range, so a restart never lands on an evaluation's start states however long the run. After
-    FRESH_SEEDS_PER_RUN / RESTART_SEED_STRIDE iterations the run's own earlier restart seeds come round again."""
-    return (FRESH_SEED_BASE + (run_seed % 1000) * FRESH_SEEDS_PER_RUN
-            + (RESTART_SEED_STRIDE * iteration) % FRESH_SEEDS_PER_RUN)
+    """The seed the training envs restart from at `iteration` (env i, or group i, takes it + i), above the
+    evaluations' seeds however long the run. Linear in `run_seed`, so that a Ray worker, whose seed is the run's
+    plus its first env's id (robotft.rl.rollout.worker_seed), restarts its envs from the seeds those envs get in
+    one process."""
+    return FRESH_SEED_BASE + (run_seed + RESTART_SEED_STRIDE * iteration) % FRESH_SEED_BASE
 
 
 def require_seeded_start_states(option: str, device: torch.device) -> None:

@@ -51,7 +51,7 @@ def test_restarts_never_land_on_evaluation_start_states_however_long_the_run():
     starts = {fresh_start_seed(seed, it) + i for seed in (0, 1, 999, 5000) for it in range(1000) for i in range(1024)}
     assert min(starts) >= FRESH_SEED_BASE > EVAL_SEED + 10**6
     assert max(starts) < 2**31  # a seed every simulator accepts
-    assert fresh_start_seed(0, 1) != fresh_start_seed(0, 0) and fresh_start_seed(1, 0) != fresh_start_seed(0, 0)
+    assert fresh_start_seed(0, 1) != fresh_start_seed(0, 0) and fresh_start_seed(3, 7) == fresh_start_seed(0, 7) + 3
 
 
 def test_replay_prob_is_the_share_of_new_episodes_that_replay_a_waiting_state():
