@@ -418,6 +418,11 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     lo, hi = result.ci95
     print(f"{ckpt.path}: success {result.success_rate:.3f} (95% CI {lo:.3f}-{hi:.3f}) over {result.episodes} "
           f"episodes, mean return {result.mean_return:.3f}, {result.seconds:.1f} s", file=sys.stderr)
+    if result.milestones:
+        rates = ", ".join(f"{m} {rate:.2f}" for m, rate in result.milestone_rates.items())
+        stages = ", ".join(f"{m} {count}" for m, count in result.failure_stages.items())
+        print(f"episodes reaching each milestone: {rates}; failed episodes by the furthest milestone they reached: "
+              f"{stages}", file=sys.stderr)
     failed = result.failed_seeds
     if failed:
         shown = ", ".join(map(str, failed[:_FAILED_SEEDS_SHOWN])) + (", ..." if len(failed) > _FAILED_SEEDS_SHOWN else "")
@@ -429,6 +434,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
               "seed": result.seed, "episode_success": list(result.episode_success),
               "episode_length": list(result.episode_length), "failed_seeds": failed,
               "checkpoint": str(ckpt.path)}
+    if result.milestones:
+        report.update(milestone_rates=result.milestone_rates, failure_stages=result.failure_stages,
+                      episode_milestones=[list(m) for m in result.episode_milestones])
     if baseline is not None:
         paired = paired_comparison(result.episode_success, baseline["episode_success"])
         clo, chi = paired.ci95

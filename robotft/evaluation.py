@@ -51,6 +51,29 @@ class EvalResult:
     by episode, and a failed episode r is replayed alone with `episodes=1, seed=seed + r`."""
     episode_length: tuple[int, ...] = ()
     """Each episode's length in env steps, in episode order."""
+    milestones: tuple[str, ...] = ()
+    """The task's milestones in the order a successful episode passes them (the env's `milestone/<name>` flags,
+    e.g. PickCube's `grasped`, `at_goal`); empty when the env reports none."""
+    episode_milestones: tuple[tuple[str, ...], ...] = ()
+    """The milestones each episode reached at some step, in episode order (empty without milestones)."""
+
+    @property
+    def milestone_rates(self) -> dict[str, float]:
+        """Fraction of the episodes that reached each milestone, in task order."""
+        return {m: sum(m in reached for reached in self.episode_milestones) / self.episodes for m in self.milestones}
+
+    @property
+    def failure_stages(self) -> dict[str, int]:
+        """The failed episodes counted by the furthest milestone they reached (`none`: not even the first), in task
+        order: where a policy's failures stop (a PickCube policy that never grasps against one that grasps and
+        never reaches the goal). Empty when the env reports no milestones."""
+        if not self.milestones:
+            return {}
+        counts = dict.fromkeys(("none", *self.milestones), 0)
+        for ok, reached in zip(self.episode_success, self.episode_milestones, strict=True):
+            if not ok:
+                counts[next((m for m in reversed(self.milestones) if m in reached), "none")] += 1
+        return counts
 
     @property
     def failed_seeds(self) -> list[int]:
@@ -60,6 +83,9 @@ class EvalResult:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["ci95"] = list(self.ci95)
+        if self.milestones:
+            d["milestone_rates"] = self.milestone_rates
+            d["failure_stages"] = self.failure_stages
         return d
 
 
@@ -175,6 +201,7 @@ def evaluate(
     success_once = torch.zeros(n, quota, dtype=torch.bool, device=dev)
     returns = torch.zeros(n, quota, device=dev)
     lengths = torch.zeros(n, quota, dtype=torch.long, device=dev)
+    milestones: dict[str, torch.Tensor] = {}  # name -> [n, quota] reached, filled as the env first reports each
     video = _EpisodeVideos(video_path, env, quota) if video_path is not None else None
     t0 = time.perf_counter()
     env_steps = 0
@@ -186,8 +213,11 @@ def evaluate(
         env_steps += int(info["steps"])
         record = info["done"][:n] & (count < quota)
         slot = count.clamp(max=quota - 1)
+        for name in info["milestones"]:
+            milestones.setdefault(name, torch.zeros(n, quota, dtype=torch.bool, device=dev))
         for table, value in ((success, info["success"]), (success_once, info["success_once"]),
-                             (returns, info["episode_return"]), (lengths, info["episode_length"])):
+                             (returns, info["episode_return"]), (lengths, info["episode_length"]),
+                             *((milestones[m], reached) for m, reached in info["milestones"].items())):
             table[rows, slot] = torch.where(record, value[:n].to(table.dtype), table[rows, slot])
         count += record.long()
         if video is not None:
@@ -200,6 +230,7 @@ def evaluate(
     success_list = success.T.reshape(-1)[order].cpu()
     once_list = success_once.T.reshape(-1)[order].cpu()
     length_list = lengths.T.reshape(-1)[order].cpu()
+    reached = {m: table.T.reshape(-1)[order].tolist() for m, table in milestones.items()}
     successes = int(success_list.sum())
     return EvalResult(
         success_rate=successes / episodes,
@@ -214,6 +245,9 @@ def evaluate(
         seed=seed,
         episode_success=tuple(bool(x) for x in success_list),
         episode_length=tuple(int(x) for x in length_list),
+        milestones=tuple(milestones),
+        episode_milestones=tuple(tuple(m for m in milestones if reached[m][r]) for r in range(episodes))
+        if milestones else (),
     )
 
 

@@ -421,8 +421,9 @@ def log_eval_and_keep_best(log: RunLogger, env_steps: int, result: EvalResult, w
 
 def _log_eval(log: RunLogger, env_steps: int, result: EvalResult, when: str, wall_seconds: float) -> dict[str, Any]:
     log.log(env_steps, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return,
-                            "eval/ci95_low": result.ci95[0], "eval/ci95_high": result.ci95[1],
-                            "eval/wall_seconds": wall_seconds})
+                        "eval/ci95_low": result.ci95[0], "eval/ci95_high": result.ci95[1],
+                        "eval/success_once": result.success_once, "eval/wall_seconds": wall_seconds,
+                        **{f"eval/milestone/{m}": rate for m, rate in result.milestone_rates.items()}})
     tqdm.write(f"{when}: success {result.success_rate:.2f} (95% CI {result.ci95[0]:.2f}-{result.ci95[1]:.2f}, "
                f"{result.episodes} episodes)", file=sys.stderr)
     return {"success_rate": result.success_rate, "ci95": list(result.ci95), "mean_return": result.mean_return}

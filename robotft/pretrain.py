@@ -286,7 +286,8 @@ def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, overw
                                          EVAL_SEED, device, make_env)
                 metrics = {"success_rate": result.success_rate, "ci95": list(result.ci95),
                            "mean_return": result.mean_return}
-                log.log(done, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return})
+                log.log(done, {"eval/success_rate": result.success_rate, "eval/mean_return": result.mean_return,
+                               **{f"eval/milestone/{m}": rate for m, rate in result.milestone_rates.items()}})
                 tqdm.write(f"step {done}: success {result.success_rate:.2f} "
                            f"(95% CI {result.ci95[0]:.2f}-{result.ci95[1]:.2f})", file=sys.stderr)
                 if done % cfg.train.save_every == 0 or last:

@@ -497,6 +497,10 @@ def test_eval_against_a_baseline_pairs_the_start_states(cli, toy_root, toy_bc):
     assert paired["difference"] == pytest.approx(report["success_rate"] - sum(early_outcomes) / 12)
     assert paired["ci95"][0] <= paired["difference"] <= paired["ci95"][1] and 0.0 < paired["p_value"] <= 1.0
     assert "McNemar" in proc.stderr and str(early) in proc.stderr, proc.stderr
+    # where the failures stopped: every failed start state counted once, by the furthest milestone it reached
+    assert sum(report["failure_stages"].values()) == this.count(False), report["failure_stages"]
+    assert report["milestone_rates"]["halfway"] >= report["success_rate"]
+    assert "furthest milestone" in proc.stderr, proc.stderr
 
     from_json = last_json_line(cli.run("eval", toy_bc, "--episodes", "12", "--num-envs", "4", "--json",
                                        "--against", saved, cwd=toy_root).stdout)

@@ -44,6 +44,9 @@ def test_expert_success_rate_and_determinism():
 
     a, b = run(), run()
     assert a.success_rate >= 0.9
+    assert a.milestones == ("halfway",)  # every success passed the obstacle's line on its way
+    assert all("halfway" in reached for ok, reached in zip(a.episode_success, a.episode_milestones, strict=True)
+               if ok)
     assert a.success_rate == b.success_rate and a.mean_return == b.mean_return
 
 
@@ -105,6 +108,30 @@ def test_per_episode_outcomes_name_the_start_states_that_failed():
         alone = run(1, 1, seed=30 + r)
         assert alone.episode_success == (ok,) and alone.episode_length == (result.episode_length[r],)
         assert alone.failed_seeds == ([] if ok else [30 + r])
+
+
+def detour_or_crash(o):
+    """Starts whose goal lies right of x = 0 detour left of the obstacle and stop short of the goal (y = 0.5), past
+    the `halfway` milestone; the others drive straight into the obstacle before it. No episode succeeds."""
+    state = o["state"][:, -1]
+    x, y, detour = state[:, 0], state[:, 1], state[:, 2] > 0
+    left = (x > -0.5) & (y < 0.3)
+    velocity = torch.stack([-left.float(), (~left & (y < 0.5)).float()], dim=-1)
+    return torch.where(detour[:, None], velocity, torch.tensor([0.0, 1.0]))[:, None]
+
+
+def test_failures_are_counted_by_the_furthest_milestone_they_reached():
+    """A failure that got past the obstacle and one that crashed into it are told apart: `failure_stages` is what
+    `robotft eval` reports, so a user sees where a policy's failures stop."""
+    result = evaluate(detour_or_crash, _env(4), 12, seed=40)
+    assert result.success_rate == 0.0 and result.milestones == ("halfway",)
+    stages = result.failure_stages
+    assert set(stages) == {"none", "halfway"} and sum(stages.values()) == 12
+    assert 0 < stages["halfway"] < 12, stages  # both kinds of start occur
+    assert result.milestone_rates == {"halfway": stages["halfway"] / 12}
+    assert result.to_dict()["failure_stages"] == stages
+    for r, reached in enumerate(result.episode_milestones):  # in episode order: each start replays alone alike
+        assert evaluate(detour_or_crash, _env(1), 1, seed=40 + r).episode_milestones == (reached,)
 
 
 def _outcomes(both, only_this, only_baseline, neither):

@@ -15,6 +15,10 @@ from robotft.specs import EnvSpec
 Obs = dict[str, torch.Tensor]
 """Observation dict with fixed keys (`state`, `rgb/<camera>`, `depth/<camera>`), each `[B, ...]`."""
 
+MILESTONE_PREFIX = "milestone/"
+"""Prefix of the optional `info` entries `milestone/<name>` (bool `[B]`): whether each env's state at this step
+has reached one of its task's stages on the way to success (PickCube: `grasped`, `at_goal`), in task order."""
+
 
 def repeat_obs(obs: Obs, n: int) -> Obs:
     """Each observation of a batch repeated `n` times in place: row b·n + i is observation b."""
@@ -28,6 +32,9 @@ class BatchedEnv(abc.ABC):
     `info["success"]` `[B]` (float32, bool, bool, bool). `truncated` becomes True when an env reaches
     `max_episode_steps` since its last reset. After an env is done, stepping it again is allowed and its
     outputs are meaningless until it is reset (callers mask them).
+
+    Adapters that know their task's stages also report `info["milestone/<name>"]` for each, in the order a
+    successful episode passes them (MILESTONE_PREFIX): evaluations then say how far the failed episodes got.
     """
 
     num_envs: int

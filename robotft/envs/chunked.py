@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from robotft.envs.base import BatchedEnv, Obs
+from robotft.envs.base import MILESTONE_PREFIX, BatchedEnv, Obs
 from robotft.envs.start_states import FailedStartReplay
 from robotft.specs import EnvSpec
 
@@ -41,6 +41,8 @@ class ChunkedEnv:
         self._episode_return = torch.zeros(env.num_envs, device=env.device)
         self._episode_length = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
         self._success_once = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
+        self._milestones: dict[str, torch.Tensor] = {}
+        """Milestone name -> `[B]` bool: reached at some step of each env's current episode (task order)."""
         self._episode_seed: int | None = None
         """`seed` of a `reset(seed, seed_every_episode=True)`; None: partial resets are not seeded."""
         self._episodes_started = [0] * env.num_envs
@@ -110,6 +112,8 @@ class ChunkedEnv:
         self._episode_return.zero_()
         self._episode_length.zero_()
         self._success_once.zero_()
+        for reached in self._milestones.values():
+            reached.zero_()
         return {k: v.clone() for k, v in self._history.items()}
 
     def step(
@@ -124,7 +128,9 @@ class ChunkedEnv:
         env's episode started from, -1 where it was not seeded), `final_obs` (histories when each env
         finished; equal to `obs` for envs not done), `last_reward` (`[B]`, the reward of each env's last valid
         step: the dense reward measured on the state the chunk ended in), `episode_return` and `episode_length`
-        (env steps; valid where `done`), `steps` (env steps executed, `B * act_steps`). With `render_env` = i, also
+        (env steps; valid where `done`), `milestones` (name -> `[B]` bool: whether the episode so far has reached each
+        of the env's `milestone/<name>` stages, in task order; empty when the env reports none), `steps` (env steps
+        executed, `B * act_steps`). With `render_env` = i, also
         `frames`: env i rendered after each of its env steps in this chunk up to and including the one that
         ended its episode (`[H, W, 3]` uint8 numpy arrays, control rate; videos only, it reads the device).
         """
@@ -148,6 +154,7 @@ class ChunkedEnv:
             self._episode_length += alive.long()
             success = torch.where(alive, info["success"].bool(), success)
             self._success_once |= alive & info["success"].bool()
+            self._record_milestones(info, alive)
             terminated |= alive & term
             truncated |= alive & trunc
             self._push(obs, alive)
@@ -167,6 +174,7 @@ class ChunkedEnv:
             "last_reward": last_reward,
             "episode_return": self._episode_return.clone(),
             "episode_length": self._episode_length.clone(),
+            "milestones": {name: reached.clone() for name, reached in self._milestones.items()},
             "steps": B * self.act_steps,
         }
         if render_env is not None:
@@ -192,6 +200,15 @@ class ChunkedEnv:
         """The env's results for the chunk's first `act_steps` actions (BatchedEnv.step_chunk: one worker round
         trip per chunk where the env runs in worker processes)."""
         return self.env.step_chunk(chunk[:, : self.act_steps])
+
+    def _record_milestones(self, info: dict, alive: torch.Tensor) -> None:
+        """OR one step's `milestone/<name>` flags of the `alive` envs into their episodes' milestones."""
+        for key, flag in info.items():
+            if key.startswith(MILESTONE_PREFIX):
+                name = key[len(MILESTONE_PREFIX):]
+                if name not in self._milestones:
+                    self._milestones[name] = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+                self._milestones[name] |= alive & flag.to(self.device).bool()
 
     def _check_chunk(self, action_chunk: torch.Tensor) -> torch.Tensor:
         shape = tuple(action_chunk.shape)
@@ -244,3 +261,5 @@ class ChunkedEnv:
         self._episode_return[ids] = 0.0
         self._episode_length[ids] = 0
         self._success_once[ids] = False
+        for reached in self._milestones.values():
+            reached[ids] = False

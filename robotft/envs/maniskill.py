@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from robotft.config import EnvConfig
-from robotft.envs.base import BatchedEnv, Obs
+from robotft.envs.base import MILESTONE_PREFIX, BatchedEnv, Obs
 from robotft.envs.workers import PooledEnv, WorkerError, WorkerPool  # noqa: F401 - WorkerError re-exported for callers
 from robotft.optional import require
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
@@ -35,6 +36,26 @@ OBS_MODES = ("state", "rgb", "rgb+state")
 task's non-privileged extras such as the TCP pose); `rgb+state`: `rgb`'s keys plus `privileged/state`, the
 `state` mode's vector, for a state teacher labelling a camera student (robotft.distill)."""
 PRIVILEGED_STATE = "privileged/state"
+
+
+def _peg_aligned(env: Any, info: dict) -> torch.Tensor:
+    """PegInsertionSide's pre-insertion stage as its dense reward defines it: the peg's head and centre both within
+    1 cm of the hole's axis (yz distance in the goal frame), ready to be pushed in."""
+    head = (env.goal_pose.inv() * env.peg_head_pose).p[:, 1:]
+    centre = (env.goal_pose.inv() * env.peg.pose).p[:, 1:]
+    return (torch.linalg.norm(head, dim=1) < 0.01) & (torch.linalg.norm(centre, dim=1) < 0.01)
+
+
+MILESTONES: dict[str, tuple[tuple[str, Callable[[Any, dict], torch.Tensor]], ...]] = {
+    "PickCube-v1": (("grasped", lambda env, info: info["is_grasped"]),
+                    ("at_goal", lambda env, info: info["is_obj_placed"])),
+    "StackCube-v1": (("grasped", lambda env, info: info["is_cubeA_grasped"]),
+                     ("on_cube_b", lambda env, info: info["is_cubeA_on_cubeB"])),
+    "PegInsertionSide-v1": (("grasped", lambda env, info: env.agent.is_grasping(env.peg, max_angle=20)),
+                            ("aligned", _peg_aligned)),
+}
+"""Task id -> its milestones in order (BatchedEnv's `milestone/<name>`), each from the raw env and its step's info:
+the stages of ManiSkill's own success checks and dense rewards."""
 
 
 def resolve_sim_backend(sim_backend: str, device: str | torch.device = "cpu") -> str:
@@ -57,7 +78,8 @@ class ManiSkillEnv(PooledEnv):
     Observations: obs_mode `state` -> `{"state": [B, D] float32}`; obs_mode `rgb` -> `rgb/<camera>`
     uint8 `[B, H, W, 3]` plus `state` (agent qpos/qvel and task extras, flattened); obs_mode `rgb+state`
     adds `privileged/state`, the `state` mode's vector (see OBS_MODES). `info["success"]`
-    is bool `[B]`; other per-env info entries of ManiSkill (e.g. `fail`) are passed through.
+    is bool `[B]`; other per-env info entries of ManiSkill (e.g. `fail`) are passed through, and the tasks of
+    MILESTONES report their stages as `milestone/<name>`.
 
     Seeding follows BatchedEnv's rule: `reset(seed)` of all envs is reproducible, partial resets pass no
     seed to ManiSkill. The per-env mapping is ManiSkill's own: the GPU backend seeds the whole batch from
@@ -119,6 +141,7 @@ class _RawManiSkill(BatchedEnv):
                 f"the spec records {self._env.control_freq} Hz",
                 stacklevel=2,
             )
+        self._milestones = MILESTONES.get(cfg.task, ())
         self._elapsed = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         # Seeds the torch RNG under which unseeded resets initialise their episodes; reseeded by every
         # seeded reset. Fresh entropy until then, as ManiSkill's own unseeded start.
@@ -174,6 +197,8 @@ class _RawManiSkill(BatchedEnv):
             if isinstance(v, torch.Tensor) and v.shape[:1] == (self.num_envs,) and k != "elapsed_steps"
         }
         info["success"] = info["success"].bool()
+        for name, reached in self._milestones:
+            info[MILESTONE_PREFIX + name] = reached(self._env, raw_info).to(self.device, torch.bool)
         return (
             self._convert_obs(obs),
             reward.to(self.device, torch.float32),

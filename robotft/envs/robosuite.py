@@ -20,7 +20,8 @@ fixed seed, the same in every env, unless `kwargs.hard_reset: true` rebuilds it 
 `num_envs == 1` simulates in this process; `num_envs > 1` spreads the envs over worker processes
 (robotft.envs.workers; `env.worker_processes`, one per core by default). robosuite does not end episodes:
 here `terminated` is success (as robomimic's rollouts stop at success) and `truncated` comes from a step
-counter against `max_episode_steps`.
+counter against `max_episode_steps`. Lift, PickPlaceCan and NutAssemblySquare report their stages as
+milestones (`info["milestone/<name>"]`, MILESTONES).
 robosuite is imported lazily, inside the functions that build envs.
 """
 
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from robotft.config import EnvConfig
-from robotft.envs.base import BatchedEnv, Obs
+from robotft.envs.base import MILESTONE_PREFIX, BatchedEnv, Obs
 from robotft.envs.workers import PooledEnv, WorkerPool
 from robotft.optional import require
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
@@ -58,6 +59,16 @@ ROBOT_STATE_KEYS: dict[str, tuple[str, ...]] = {
     "gripper_qpos": ("left_finger", "right_finger"),
 }
 """robomimic's per-arm low-dim observation keys (after `robot<i>_`) and the names of their dimensions."""
+LIFTED_M = 0.05
+"""PickPlaceCan's `lifted` milestone: the grasped can this far (metres) above where the episode started it."""
+MILESTONES: dict[str, tuple[str, ...]] = {
+    "Lift": ("grasped",),
+    "PickPlaceCan": ("grasped", "lifted", "over_bin"),
+    "NutAssemblySquare": ("grasped",),
+}
+"""Task -> its milestones in order, the stages of robosuite's staged rewards (reach, grasp, lift, hover):
+`grasped` the task's object held (robosuite's grasp check), `lifted` (LIFTED_M), `over_bin` the can above its
+target bin (within a quarter of the bin's size of its placement, robosuite's hover check)."""
 _OWNED_KWARGS = {
     "robots": "env.task (the Panda arms are fixed per task)",
     "controller_configs": "env.control_mode",
@@ -182,6 +193,9 @@ class _SingleRobosuite(BatchedEnv):
         )
         if not rgb:
             self.cameras = []
+        self._milestones = MILESTONES.get(cfg.task, ())
+        self._start_z = 0.0
+        """PickPlaceCan: the can's height at the episode's start (its `lifted` milestone)."""
         self._elapsed = 0
         raw = self._env.reset()
         self._last_obs = self._convert_obs(raw)
@@ -197,6 +211,8 @@ class _SingleRobosuite(BatchedEnv):
             self._env.rng.bit_generator.state = np.random.default_rng(seed).bit_generator.state
         self._elapsed = 0
         self._last_obs = self._convert_obs(self._env.reset())
+        if "lifted" in self._milestones:
+            self._start_z = float(self._object_pos()[2])
         return self._last_obs
 
     def step(self, action: torch.Tensor) -> tuple[Obs, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
@@ -206,13 +222,40 @@ class _SingleRobosuite(BatchedEnv):
         self._elapsed += 1
         success = bool(self._env._check_success())
         self._last_obs = self._convert_obs(raw)
+        info = {"success": torch.tensor([success], device=self.device)}
+        for name, reached in self._reached_milestones().items():
+            info[MILESTONE_PREFIX + name] = torch.tensor([reached], device=self.device)
         return (
             self._last_obs,
             torch.tensor([reward], dtype=torch.float32, device=self.device),
             torch.tensor([success], device=self.device),
             torch.tensor([self._elapsed >= self.max_episode_steps], device=self.device),
-            {"success": torch.tensor([success], device=self.device)},
+            info,
         )
+
+    def _task_object(self) -> Any:
+        """The object the task moves: Lift's cube, PickPlaceCan's can, NutAssemblySquare's square nut."""
+        env = self._env
+        if hasattr(env, "nuts"):
+            return env.nuts[env.nut_id]
+        return env.objects[env.object_id] if hasattr(env, "objects") else env.cube
+
+    def _object_pos(self) -> np.ndarray:
+        return self._env.sim.data.body_xpos[self._env.sim.model.body_name2id(self._task_object().root_body)]
+
+    def _reached_milestones(self) -> dict[str, bool]:
+        """This step's milestones (MILESTONES), in task order."""
+        if not self._milestones:
+            return {}
+        env = self._env
+        grasped = bool(env._check_grasp(gripper=env.robots[0].gripper, object_geoms=self._task_object().contact_geoms))
+        reached = {"grasped": grasped}
+        if "lifted" in self._milestones:
+            pos = self._object_pos()
+            reached["lifted"] = grasped and pos[2] > self._start_z + LIFTED_M
+            target = env.target_bin_placements[env.object_id]
+            reached["over_bin"] = bool(np.all(np.abs(pos[:2] - target[:2]) < env.bin_size[:2] / 4.0))
+        return reached
 
     def render_rgb(self) -> torch.Tensor | None:
         """The first camera's latest frame `[1, H, W, 3]`; None without camera observations."""

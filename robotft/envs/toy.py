@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from robotft.envs.base import BatchedEnv, Obs
+from robotft.envs.base import MILESTONE_PREFIX, BatchedEnv, Obs
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 MAX_STEP = 0.1
@@ -53,7 +53,8 @@ class ToyNavEnv(BatchedEnv):
     `- COLLISION_PENALTY` on collision, `+ SUCCESS_BONUS` on success. Normalized dense (as ManiSkill's: measured
     on the state reached, in [0, 1], 1 at success): `1 - tanh(distance to the goal)` scaled by one half, 0 on
     collision, 1 on success. Sparse: 1 on success, else 0.
-    Collision and success terminate; `max_episode_steps` truncates.
+    Collision and success terminate; `max_episode_steps` truncates. Milestone (BatchedEnv's `milestone/<name>`):
+    `halfway`, the agent past the line midway between start and goal (y > 0) without a collision.
     """
 
     def __init__(
@@ -141,7 +142,8 @@ class ToyNavEnv(BatchedEnv):
             reward = success.float()
         terminated = collided | success
         truncated = self._elapsed >= self.max_episode_steps
-        info = {"success": success, "collision": collided}
+        halfway = (self._pos[:, 1] > 0) & ~collided
+        info = {"success": success, "collision": collided, f"{MILESTONE_PREFIX}halfway": halfway}
         return self._obs(), reward.float(), terminated, truncated, info
 
     def _obs(self) -> Obs:

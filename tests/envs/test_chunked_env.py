@@ -181,3 +181,24 @@ def test_grouped_envs_run_their_episodes_from_the_same_start_states():
         env.reset(seed=0, seed_every_episode=True, group_size=3)
     with pytest.raises(ValueError, match="group_size 2 needs seed_every_episode"):
         env.reset(seed=0, group_size=2)
+
+
+
+def test_milestones_accumulate_over_an_episode_and_restart_with_the_next():
+    """`info["milestones"]` says which stages each episode reached at any step so far (valid where done); an
+    auto-reset starts the next episode's flags over."""
+    env = ChunkedEnv(ToyNavEnv(2, "nav2d", max_episode_steps=24), obs_steps=1, act_steps=4)
+    env.reset(seed=0)
+    # env 0: 6 steps left of the obstacle, 12 up (past y = 0 at step 17), 6 back down; env 1 stays put
+    plan = torch.tensor([(-1.0, 0.0)] * 6 + [(0.0, 1.0)] * 12 + [(0.0, -1.0)] * 6 + [(-1.0, 0.0)] * 4)
+    reached, done = [], []
+    for k in range(7):
+        chunk = torch.zeros(2, 4, 2)
+        chunk[0] = plan[4 * k: 4 * k + 4]
+        _, _, _, _, info = env.step(chunk)
+        reached.append(info["milestones"]["halfway"].tolist())
+        done.append(info["done"].tolist())
+    assert reached[:3] == [[False, False]] * 3
+    assert reached[4] == [True, False]
+    assert reached[5] == [True, False] and done[5] == [True, True]  # kept back below y = 0, at the time limit
+    assert reached[6] == [False, False]  # the next episode starts over

@@ -241,3 +241,30 @@ def test_a_missing_physx_gpu_library_gets_an_error_that_says_what_to_do(monkeypa
     assert str(tmp_path / ".sapien" / "physx" / physx.version()) in message
     assert "physx-precompiled/releases" in message and "github.com" in message
     assert "--env.sim_backend physx_cpu" in message
+
+
+def test_peg_insertion_milestones_follow_the_peg():
+    """PegInsertionSide reports `grasped` and `aligned` (the peg's head and centre within 1 cm of the hole's axis,
+    its dense reward's pre-insertion stage): neither at the start; `aligned` on the axis short of the hole and 5 mm
+    off it, not 2 cm off it."""
+    import sapien
+
+    from robotft.envs.maniskill import MILESTONES
+
+    cfg = EnvConfig(type="maniskill", task="PegInsertionSide-v1", num_envs=1, sim_backend="physx_cpu",
+                    control_mode="pd_ee_delta_pose", max_episode_steps=4)
+    with ManiSkillEnv(cfg) as env:
+        env.reset(seed=0)
+        _, _, _, _, info = env.step(torch.zeros(1, 7))
+        names = ["grasped", "aligned"]
+        assert [k for k in info if k.startswith("milestone/")] == [f"milestone/{m}" for m in names]
+        assert not any(bool(info[f"milestone/{m}"][0]) for m in names)
+        raw = env._impl._env
+        milestones = dict(MILESTONES["PegInsertionSide-v1"])
+
+        def aligned(offset_y: float) -> bool:
+            raw.peg.set_pose(raw.goal_pose * sapien.Pose([-0.08, offset_y, 0]))  # 8 cm short of the hole
+            assert not bool(raw.evaluate()["success"][0])
+            return bool(milestones["aligned"](raw, raw.evaluate())[0])
+
+        assert aligned(0.0) and aligned(0.005) and not aligned(0.02)

@@ -1,5 +1,6 @@
 """robosuite adapter: in-process env, worker processes, every robomimic task preset, cameras (EGL)."""
 
+import dataclasses
 import os
 import signal
 import time
@@ -120,7 +121,9 @@ def test_workers_match_separate_single_envs(pool, single):
         alone = rollout(single, 20 + i, acts[:, i : i + 1])
         assert all(torch.equal(b[i], s[0]) for b, s in zip(batched, alone, strict=True))
     # A partial reset touches only the chosen worker.
-    before = pool.step(torch.zeros(2, 7))[0]["state"]
+    before, *_, info = pool.step(torch.zeros(2, 7))
+    before = before["state"]
+    assert info["milestone/grasped"].shape == (2,)  # the task's milestones come back from every worker
     after = pool.reset(seed=20, env_ids=torch.tensor([1]))["state"]
     assert torch.equal(after[0], before[0]) and torch.equal(after[1], batched[0][1])
 
@@ -212,3 +215,32 @@ def test_camera_observations():
             assert frame.float().std() > 10  # a rendered scene, not a blank buffer
         assert torch.equal(env.render_rgb(), obs["rgb/agentview"])
         assert not torch.equal(obs["rgb/agentview"], obs["rgb/robot0_eye_in_hand"])
+
+
+def test_pick_place_can_milestones_follow_the_scripted_expert():
+    """The scripted expert's episode grasps the can, lifts it, carries it over its bin and then succeeds, each first
+    reached in that order; with the gripper never closing, the can is never grasped or lifted."""
+    from robotft.datasets.robosuite_demos import PickPlaceExpert
+
+    cfg = dataclasses.replace(load_env_config("robosuite/pick_place_can"), num_envs=1)
+    with RobosuiteEnv(cfg) as env:
+        expert = PickPlaceExpert("PickPlaceCan", env.spec, 1)
+        first: dict[str, int] = {}
+        for open_gripper in (False, True):
+            obs = env.reset(seed=3)
+            expert.reset(torch.tensor([0]), obs)
+            first.clear()
+            for t in range(cfg.max_episode_steps):
+                action = expert(obs)
+                if open_gripper:
+                    action[:, 6] = -1.0
+                obs, _, terminated, truncated, info = env.step(action)
+                for key in ("milestone/grasped", "milestone/lifted", "milestone/over_bin", "success"):
+                    if bool(info[key][0]):
+                        first.setdefault(key.removeprefix("milestone/"), t)
+                if bool(terminated[0] | truncated[0]):
+                    break
+            if not open_gripper:
+                assert list(first) == ["grasped", "lifted", "over_bin", "success"], first
+                assert first["grasped"] < first["lifted"] < first["over_bin"] < first["success"], first
+        assert "grasped" not in first and "lifted" not in first, first

@@ -20,7 +20,7 @@ TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=20, max_episode_steps=4
 ALGOS = {"dppo": "diffusion", "reinflow": "flow", "flow_sde": "flow", "ppo": "gaussian", "residual_ppo": "residual"}
 SCALARS = ["train/success_rate", "train/episode_return", "train/approx_kl", "train/clip_fraction",
            "train/explained_variance", "train/noise_std", "train/env_steps_per_s", "train/wall_seconds",
-           "eval/success_rate", "eval/wall_seconds"]
+           "eval/success_rate", "eval/success_once", "eval/milestone/halfway", "eval/wall_seconds"]
 
 
 def _config(source, out, algo: str, iterations: int) -> FinetuneConfig:
