@@ -250,9 +250,10 @@ class _SingleRobosuite(BatchedEnv):
         env = self._env
         grasped = bool(env._check_grasp(gripper=env.robots[0].gripper, object_geoms=self._task_object().contact_geoms))
         reached = {"grasped": grasped}
+        pos = self._object_pos() if {"lifted", "over_bin"} & set(self._milestones) else None
         if "lifted" in self._milestones:
-            pos = self._object_pos()
             reached["lifted"] = grasped and pos[2] > self._start_z + LIFTED_M
+        if "over_bin" in self._milestones:
             target = env.target_bin_placements[env.object_id]
             reached["over_bin"] = bool(np.all(np.abs(pos[:2] - target[:2]) < env.bin_size[:2] / 4.0))
         return reached
