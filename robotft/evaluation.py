@@ -187,11 +187,32 @@ def evaluate(
     counted, so 20 episodes on 256 training envs take about one episode's time, not 256 episodes. The
     bookkeeping stays on the env's device (one host read per chunk: whether every count is full).
 
+    Whatever the policy draws from torch's global generator (a sampler that is not a function of the observation,
+    such as DDPM's own, `deterministic_sampler: model_std`) is seeded with `seed` for the evaluation, and the
+    caller's generator state restored after it: the same checkpoint, seed and number of envs give the same
+    numbers, a paired comparison's two policies draw the same noise, and an evaluation in the middle of a training
+    run leaves that run's random stream as it was.
+
     `video_path`: env 0's episodes as one MP4 each, `<stem>_ep<k><suffix>` beside it, rendered after every
     env step (the control rate, the video's fps) from the first frame to the one that ended the episode.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
+    cuda_devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda_devices):
+        torch.manual_seed(seed)
+        return _run_episodes(act, env, episodes, seed, video_path, progress)
+
+
+def _run_episodes(
+    act: Callable[[Obs], torch.Tensor],
+    env: ChunkedEnv,
+    episodes: int,
+    seed: int,
+    video_path: str | Path | None,
+    progress: Callable[[int], None] | None,
+) -> EvalResult:
+    """`evaluate`'s episodes, under the generator state it set."""
     b, dev = env.num_envs, env.device
     n = min(b, episodes)
     quota = math.ceil(episodes / n)

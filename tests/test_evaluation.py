@@ -50,6 +50,22 @@ def test_expert_success_rate_and_determinism():
     assert a.success_rate == b.success_rate and a.mean_return == b.mean_return
 
 
+def test_a_policy_that_draws_noise_evaluates_the_same_twice_and_leaves_the_callers_generator_alone():
+    """A sampler that draws from torch's global generator (DDPM's own, `model_std`) gives the same numbers for the
+    same seed, different ones for another seed, and an evaluation inside a training run does not move that run's
+    random stream."""
+
+    def jitter(o):
+        return 0.3 * torch.randn(o["state"].shape[0], 1, 2)
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a, b = evaluate(jitter, _env(4), 12, seed=3), evaluate(jitter, _env(4), 12, seed=3)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert (a.mean_return, a.episode_length) == (b.mean_return, b.episode_length)
+    assert evaluate(jitter, _env(4), 12, seed=4).mean_return != a.mean_return
+
+
 def test_start_states_do_not_depend_on_the_number_of_envs():
     """Episode r starts from the state of seed + r on 1, 3 or 8 envs alike, so that pretrain's, finetune's and
     `robotft eval`'s numbers compare whatever number of envs each ran on."""
