@@ -91,8 +91,9 @@ def test_pretrain_then_dppo_raises_success_on_toy(tmp_path, toy_pretrain, toy_su
     # DPPO improves the stochastic DDPM sampler; the deterministic DDIM-η=0 chain of the same weak BC already
     # reaches the goal nearly always on this task (one clean mode per observation).
     before = toy_success(bc, deterministic=False)
+    # 40 iterations: after 20 the gain was 0.06-0.12 depending on the random stream and thread count
     ft = toy_finetune(bc, tmp_path / "dppo", "dppo",
-                      PPOConfig(iterations=20, steps_per_iter=10, minibatch_size=100, update_epochs=10,
+                      PPOConfig(iterations=40, steps_per_iter=10, minibatch_size=100, update_epochs=10,
                                 actor_lr=3e-4, clip_eps=0.05),
                       dppo=DPPOConfig(clip_eps_base=0.01))
     after = toy_success(ft, deterministic=False)
