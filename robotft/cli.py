@@ -459,7 +459,7 @@ def _evaluate_on(policy: Any, ckpt: Any, env: Any, episodes: int, seed: int, vid
     from robotft.specs import check_policy_fits_env
 
     check_policy_fits_env(ckpt.spec, env.spec, str(ckpt.path))
-    chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
+    chunked = ChunkedEnv.for_policy(env, policy.config)
     with progress_bar(total=episodes, desc="eval", unit="episode") as bar:
         return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, episodes, seed=seed,
                         video_path=video, progress=capped_update(bar))

@@ -371,7 +371,7 @@ def _to_device(batch: Any, device: str) -> Any:
 
 def evaluate_policy(policy: Policy, view, env: BatchedEnv, episodes: int, seed: int) -> EvalResult:
     """`episodes` episodes of `policy` reading `view(obs)`, through the path of `robotft eval`."""
-    chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
+    chunked = ChunkedEnv.for_policy(env, policy.config)
     policy.eval()
     return evaluate(lambda o: policy.predict_chunk(view(o), deterministic=True), chunked, episodes, seed=seed)
 

@@ -229,12 +229,12 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
     env = make_env(env_cfg, device=device) if cfg.rollout.backend == "inprocess" else None
     if env is not None:
         check_policy_fits_env(source.spec, env.spec, str(source.path))
-    chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps) if env is not None else None
+    chunked = ChunkedEnv.for_policy(env, policy.config) if env is not None else None
     eval_env = env
     if ctx.is_main and cfg.eval_episodes > 0 and (cfg.eval_num_envs or env is None):
         num_eval = cfg.eval_num_envs or cfg.rollout.envs_per_worker
         eval_env = make_env(dataclasses.replace(env_cfg, num_envs=num_eval), device=device)
-    chunked_eval = ChunkedEnv(eval_env, policy.config.obs_steps, policy.config.act_steps) if eval_env is not None else None
+    chunked_eval = ChunkedEnv.for_policy(eval_env, policy.config) if eval_env is not None else None
     critic = make_critic(policy, source.spec, source.normalizer, cfg, algo).to(device)
     ppo = PPO(algo, critic, chunked, cfg.rl, seed=seed, dist=ctx, device=device)
     kl_monitor = KLToBase(policy, cfg.kl_to_base if ctx.is_main else KLMonitorConfig(num_obs=0))

@@ -81,11 +81,11 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
 
     env = make_env(env_cfg, device=device)
     check_policy_fits_env(source.spec, env.spec, str(source.path))
-    chunked = ChunkedEnv(env, o.obs_steps, o.act_steps)
+    chunked = ChunkedEnv.for_policy(env, o)
     eval_env = env
     if cfg.eval_episodes > 0 and cfg.eval_num_envs:
         eval_env = make_env(dataclasses.replace(env_cfg, num_envs=cfg.eval_num_envs), device=device)
-    chunked_eval = ChunkedEnv(eval_env, o.obs_steps, o.act_steps)
+    chunked_eval = ChunkedEnv.for_policy(eval_env, o)
     critic = make_q_ensemble(policy, source.spec, algo, cfg).to(device) if algo.uses_critic else None
     demos = None
     if cfg.offpolicy.demo_data:

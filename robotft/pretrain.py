@@ -316,7 +316,7 @@ def evaluate_in_env(policy: Policy, env_cfg: EnvConfig, episodes: int, num_envs:
 
     env = make_env(dataclasses.replace(env_cfg, num_envs=num_envs), device=device)
     try:
-        chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
+        chunked = ChunkedEnv.for_policy(env, policy.config)
         policy.eval()
         with progress_bar(total=episodes, desc="evaluate", unit="episode", leave=False) as bar:
             return evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, episodes, seed=seed,

@@ -213,7 +213,7 @@ def _final_success(args: argparse.Namespace, name: str, run: Path) -> dict:
     env_cfg = ckpt.env_config()
     env = make_env(dataclasses.replace(env_cfg, num_envs=args.num_envs, sim_backend="physx_cpu"))
     try:
-        chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
+        chunked = ChunkedEnv.for_policy(env, policy.config)
         with _Legacy() if CONFIGS[name]["legacy"] else _nothing():
             result = evaluate(lambda o: policy.predict_chunk(o, deterministic=True), chunked, args.final_episodes,
                               seed=12_345)

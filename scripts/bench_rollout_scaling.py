@@ -71,7 +71,7 @@ def bench_inprocess(cfg: FinetuneConfig, ppo: PPO, workers: int, repeats: int) -
     env = make_env(dataclasses.replace(ENV, num_envs=workers))
     try:
         policy_cfg = ppo.algo.policy.config
-        local = PPO(ppo.algo, ppo.critic, ChunkedEnv(env, policy_cfg.obs_steps, policy_cfg.act_steps), cfg.rl)
+        local = PPO(ppo.algo, ppo.critic, ChunkedEnv.for_policy(env, policy_cfg), cfg.rl)
         return timed(local.collect, repeats)
     finally:
         env.close()

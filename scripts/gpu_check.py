@@ -131,7 +131,7 @@ def main() -> None:
                        num_minibatches=args.num_minibatches, target_kl=0.0)
         fcfg = FinetuneConfig(rl=rl)
         critic = make_critic(policy, env.spec, policy.normalizer, fcfg, algo).to(device)
-        chunked = ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps)
+        chunked = ChunkedEnv.for_policy(env, policy.config)
         ppo = PPO(algo, critic, chunked, rl, seed=ctx.seed(0), dist=ctx)
         steps = []
         original_step = ppo.actor_opt.step

@@ -5,15 +5,40 @@ env's rewards are summed up to and including the step where its episode ended; t
 keeps stepping finished envs with the rest of the chunk (it cannot step a subset), and those outputs
 are masked. At the end of the chunk finished envs are reset, their final history is kept in
 `info["final_obs"]` for bootstrapping on truncation, and the returned history is the new episode's.
+
+Plan anchors (`plan_every` K > 0), for a policy that plans a chunk every K env steps and acts on every step in
+between (a closed-loop residual over an open-loop base): each observation also carries `plan/<key>`, the history
+of every key as it was at the step the current plan was made (the episode's start, then every K steps), and
+`plan_step` `[B, obs_steps, 1]`, the index of the current step in that plan (0..K-1, repeated over the history
+axis). The policy re-derives its plan from the anchor, so it holds no per-env state and any number of envs,
+evaluation envs included, can share it.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
 from robotft.envs.base import MILESTONE_PREFIX, BatchedEnv, Obs
 from robotft.envs.start_states import FailedStartReplay
 from robotft.specs import EnvSpec
+
+
+class PolicyShape(Protocol):
+    """What a chunked env needs to know of the policy that acts on it (a `PolicyConfig`)."""
+
+    obs_steps: int
+    act_steps: int
+
+    @property
+    def plan_every(self) -> int: ...
+
+
+PLAN_PREFIX = "plan/"
+"""Prefix of the plan-anchor histories in an observation (`plan_every` > 0)."""
+PLAN_STEP_KEY = "plan_step"
+"""Observation key of the current step's index in the plan (`plan_every` > 0)."""
 
 
 class ChunkedEnv:
@@ -29,15 +54,22 @@ class ChunkedEnv:
     from `S.next_seed()`.
     """
 
-    def __init__(self, env: BatchedEnv, obs_steps: int, act_steps: int) -> None:
+    def __init__(self, env: BatchedEnv, obs_steps: int, act_steps: int, plan_every: int = 0) -> None:
         if obs_steps < 1 or act_steps < 1:
             raise ValueError(f"obs_steps and act_steps must be >= 1, got {obs_steps} and {act_steps}")
+        if plan_every < 0 or (plan_every and plan_every % act_steps):
+            raise ValueError(f"plan_every must be 0 or a positive multiple of act_steps ({act_steps}), got {plan_every}")
         if env.spec.action is None:
             raise ValueError(f"{type(env).__name__} declares no action spec; ChunkedEnv needs act_dim")
         self.env = env
         self.obs_steps = obs_steps
         self.act_steps = act_steps
+        self.plan_every = plan_every
+        """Env steps between plan anchors; 0: observations carry none (see the module docstring)."""
         self._history: Obs = {}
+        self._anchor: Obs = {}
+        """Per key the history at the step the current plan was made (`plan_every` > 0)."""
+        self._since_plan = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
         self._episode_return = torch.zeros(env.num_envs, device=env.device)
         self._episode_length = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
         self._success_once = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
@@ -50,6 +82,11 @@ class ChunkedEnv:
         self._start_states: FailedStartReplay | None = None
         self._start_seed = torch.full((env.num_envs,), -1, dtype=torch.long)
         """The seed each env's current episode started from; -1 where it was not seeded."""
+
+    @classmethod
+    def for_policy(cls, env: BatchedEnv, config: PolicyShape) -> ChunkedEnv:
+        """The chunked env a policy of `config` runs on: its history, executed steps and plan anchors."""
+        return cls(env, config.obs_steps, config.act_steps, config.plan_every)
 
     @property
     def num_envs(self) -> int:
@@ -114,7 +151,9 @@ class ChunkedEnv:
         self._success_once.zero_()
         for reached in self._milestones.values():
             reached.zero_()
-        return {k: v.clone() for k, v in self._history.items()}
+        self._anchor = {k: v.clone() for k, v in self._history.items()} if self.plan_every else {}
+        self._since_plan.zero_()
+        return self._observation()
 
     def step(
         self, action_chunk: torch.Tensor, render_env: int | None = None
@@ -170,7 +209,7 @@ class ChunkedEnv:
             "success": success,
             "success_once": self._success_once.clone(),
             "start_seed": self._start_seed.clone(),
-            "final_obs": {k: v.clone() for k, v in self._history.items()},
+            "final_obs": self._advance_plan(),
             "last_reward": last_reward,
             "episode_return": self._episode_return.clone(),
             "episode_length": self._episode_length.clone(),
@@ -183,7 +222,7 @@ class ChunkedEnv:
         ids = done.nonzero().squeeze(-1)
         if ids.numel():
             self._reset_done(ids)
-        return {k: v.clone() for k, v in self._history.items()}, reward_sum, terminated, truncated, info
+        return self._observation(), reward_sum, terminated, truncated, info
 
     def render_rgb(self) -> torch.Tensor | None:
         """`[B, H, W, 3]` uint8 frame of the wrapped env, or None when it cannot render."""
@@ -224,6 +263,27 @@ class ChunkedEnv:
             )
         return action_chunk.to(self.device)
 
+    def _observation(self) -> Obs:
+        """A copy of the histories, with the plan anchors and the plan step when `plan_every` > 0."""
+        obs = {k: v.clone() for k, v in self._history.items()}
+        if self.plan_every:
+            obs.update({PLAN_PREFIX + k: v.clone() for k, v in self._anchor.items()})
+            step = self._since_plan.to(torch.float32)[:, None, None]
+            obs[PLAN_STEP_KEY] = step.expand(-1, self.obs_steps, 1).clone()
+        return obs
+
+    def _advance_plan(self) -> Obs:
+        """Count the chunk's steps into the current plan; where K steps have passed, the current history becomes the
+        anchor of a new plan. Returns the observation at this point (each env's final one, for envs that finished)."""
+        if self.plan_every:
+            self._since_plan += self.act_steps
+            due = self._since_plan >= self.plan_every
+            self._since_plan[due] = 0
+            for k, hist in self._history.items():
+                mask = due.view(-1, *([1] * (hist.ndim - 1)))
+                self._anchor[k] = torch.where(mask, hist, self._anchor[k])
+        return self._observation()
+
     def _pad(self, obs: Obs) -> Obs:
         """History of a fresh episode: the first frame repeated `obs_steps` times."""
         return {k: v.unsqueeze(1).repeat_interleave(self.obs_steps, dim=1) for k, v in obs.items()}
@@ -258,6 +318,9 @@ class ChunkedEnv:
                 self._episodes_started[i] += 1
         for k, hist in self._pad({k: v[ids] for k, v in obs.items()}).items():
             self._history[k][ids] = hist
+            if self.plan_every:
+                self._anchor[k][ids] = hist
+        self._since_plan[ids] = 0
         self._episode_return[ids] = 0.0
         self._episode_length[ids] = 0
         self._success_once[ids] = False

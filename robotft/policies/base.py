@@ -45,6 +45,12 @@ class PolicyConfig:
         if self.obs_steps < 1:
             raise ValueError(f"policy.obs_steps must be >= 1, got {self.obs_steps}")
 
+    @property
+    def plan_every(self) -> int:
+        """Env steps between the plan anchors the policy reads from its observations (`ChunkedEnv`'s `plan_every`);
+        0: it reads none, as every policy that plans the chunks it executes."""
+        return 0
+
 
 class Policy(nn.Module, abc.ABC):
     """A chunked-action policy. Inputs and outputs are in env units; normalization is internal.

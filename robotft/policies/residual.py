@@ -19,10 +19,19 @@ One checkpoint holds everything: on the first build, `base_checkpoint` is read o
 env spec and normalizer statistics are copied into `config.base` (and its weights into the residual's
 `base.*` weights), so `robotft eval` on a residual checkpoint needs no flags and no other file.
 
-Deviation from ResiP: ResiP re-observes at every executed step; here the residual of every chunk step sees
-the observation history at the chunk's start (the Policy contract predicts a chunk per call), plus a one-hot
-of the step's index h in the chunk so that it can still correct each step differently. With `act_steps = 1`
-the two coincide, at the cost of re-planning the base every step.
+Two ways to act. By default (open loop, a deviation from ResiP) the residual of every chunk step sees the
+observation history at the chunk's start, plus a one-hot of the step's index h in the chunk so that it can
+still correct each step differently, and the whole corrected chunk is executed. With `closed_loop` (ResiP's
+design) the policy acts one env step at a time (`horizon_steps = act_steps = 1`): the base plans a chunk every
+K = base `act_steps` env steps and executes it open loop as it was trained, while the residual re-observes at
+every step and corrects the plan's current action h from the current observation:
+
+    a_t = clip(a^base_h + s ⊙ r_t),   r_t ~ N(r_θ(o_t, h, a^base_h), diag(σ²)),   h = t mod K.
+
+The base's plan is a function of the observation at the step it was made, which the env supplies with every
+observation (`ChunkedEnv`'s plan anchors, `plan_every` = K): the policy keeps no per-env state, only a cache of
+the last plans it computed (re-planning only where an env's anchor changed), so the same policy object serves
+training and evaluation envs alike.
 
 Example:
     config = ResidualPolicyConfig(base_checkpoint="runs/bc", obs_steps=1, horizon_steps=8, act_steps=4)
@@ -42,6 +51,7 @@ import torch.nn.functional as F
 from robotft.checkpoint import read_checkpoint
 from robotft.config import from_dict, to_dict
 from robotft.datasets.normalizer import Normalizer
+from robotft.envs.chunked import PLAN_PREFIX, PLAN_STEP_KEY
 from robotft.policies.base import (
     Obs,
     Policy,
@@ -86,6 +96,10 @@ class ResidualPolicyConfig(PolicyConfig):
     bound: float = 0.0
     """0: a Gaussian residual (ResiP); b > 0: the residual is b · tanh(u), at most b normalized action units
     (Policy Decorator's bounded residual)."""
+    closed_loop: bool = False
+    """False: the residual corrects a whole chunk from the chunk-start observation (open loop). True: ResiP's
+    closed loop: one env step per call (`horizon_steps = act_steps = 1`), the base re-planning every `act_steps`
+    of its own and the residual correcting each step from the current observation (module docstring)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -100,6 +114,18 @@ class ResidualPolicyConfig(PolicyConfig):
             )
         if not self.hidden_dims:
             raise ValueError("policy.hidden_dims must name at least one hidden layer")
+        if self.closed_loop and (self.horizon_steps, self.act_steps) != (1, 1):
+            raise ValueError("a closed-loop residual acts one env step per call: policy.horizon_steps and "
+                             f"policy.act_steps must be 1, got {self.horizon_steps} and {self.act_steps}")
+
+    @property
+    def plan_every(self) -> int:
+        """The base's `act_steps` for a closed-loop residual (it re-plans that often), else 0."""
+        if not self.closed_loop:
+            return 0
+        if not self.base:
+            raise ValueError("a closed-loop residual's plan length comes from its base; build the policy first")
+        return int(self.base["policy"]["act_steps"])
 
 
 # --- the embedded base -----------------------------------------------------------------------------
@@ -154,14 +180,17 @@ class ResidualPolicy(Policy):
         self._check_base(base)
         self.base = base.requires_grad_(False).eval()
         obs_dim = sum(math.prod(shape) for shape in self.obs_shapes.values())
-        horizon = config.horizon_steps
-        self.residual_net = mlp(obs_dim + horizon + self.act_dim, tuple(config.hidden_dims), self.act_dim)
+        steps = base.config.act_steps if config.closed_loop else config.horizon_steps
+        """Length of the step one-hot: the chunk step h (open loop) or the step h in the base's plan (closed loop)."""
+        self.residual_net = mlp(obs_dim + steps + self.act_dim, tuple(config.hidden_dims), self.act_dim)
         torch.nn.init.zeros_(self.residual_net[-1].weight)
         torch.nn.init.zeros_(self.residual_net[-1].bias)
         self.log_std = BoundedLogStd(
             self.act_dim, config.log_std_init, config.log_std_min, config.log_std_max
         )
-        self.register_buffer("step_onehot", torch.eye(horizon)[None], persistent=False)  # [1, H, H]
+        self.register_buffer("step_onehot", torch.eye(steps), persistent=False)  # [steps, steps]
+        self._plan_cache: tuple[Obs, torch.Tensor] | None = None
+        """Closed loop: the anchors and base plans `[B, K, A]` of the last call (re-planned only where they differ)."""
         self.register_buffer(
             "action_low", torch.tensor(spec.action.low, dtype=torch.float32), persistent=False
         )
@@ -170,9 +199,10 @@ class ResidualPolicy(Policy):
         )
 
     def _check_base(self, base: Policy) -> None:
+        shared = ("obs_steps",) if self.config.closed_loop else _SHARED_FIELDS
         diff = [
             f"{f}: base {getattr(base.config, f)} vs residual {getattr(self.config, f)}"
-            for f in _SHARED_FIELDS
+            for f in shared
             if getattr(base.config, f) != getattr(self.config, f)
         ]
         if base.spec.action is None or base.spec.action.dim != self.act_dim:
@@ -192,17 +222,53 @@ class ResidualPolicy(Policy):
 
     @torch.no_grad()
     def base_chunk(self, obs: Obs, generator: torch.Generator | None = None) -> torch.Tensor:
-        """The base policy's chunk `[B, H, A]` in env units, sampled as the base evaluates (deterministic)."""
-        return self.base.predict_chunk(obs, deterministic=True, generator=generator)
+        """The base's actions `[B, H, A]` in env units for this call, sampled as the base evaluates
+        (deterministic): its chunk (open loop), or the current step of its plan (closed loop, H = 1)."""
+        if not self.config.closed_loop:
+            return self.base.predict_chunk(obs, deterministic=True, generator=generator)
+        plan = self.base_plan(obs, generator)
+        return plan[torch.arange(plan.shape[0], device=plan.device), self.plan_step(obs)][:, None]
+
+    @torch.no_grad()
+    def base_plan(self, obs: Obs, generator: torch.Generator | None = None) -> torch.Tensor:
+        """`[B, K, A]` the base's plans from the observations' plan anchors, computed where the anchor differs
+        from the last call's (a plan is a function of its anchor; the cache only saves recomputing it)."""
+        keys = self.base.config.obs_keys
+        missing = [PLAN_PREFIX + k for k in keys if PLAN_PREFIX + k not in obs]
+        if missing:
+            raise KeyError(f"a closed-loop residual reads its base's plan anchors {missing} from the observation; "
+                           f"run it on ChunkedEnv.for_policy(env, policy.config) (plan_every = {self.config.plan_every})")
+        anchor = {k: obs[PLAN_PREFIX + k] for k in keys}
+        first = anchor[keys[0]]
+        cached = self._plan_cache
+        if cached is None or cached[1].shape[0] != first.shape[0] or cached[1].device != first.device:
+            stale, plan = torch.ones(first.shape[0], dtype=torch.bool, device=first.device), None
+        else:
+            same = torch.stack([(anchor[k] == cached[0][k]).flatten(1).all(1) for k in keys]).all(0)
+            stale, plan = ~same, cached[1]
+        if plan is None or bool(stale.any()):
+            fresh = self.base.predict_chunk({k: v[stale] for k, v in anchor.items()}, deterministic=True,
+                                            generator=generator)[:, : self.config.plan_every]
+            plan = fresh if plan is None else plan.masked_scatter(stale[:, None, None], fresh)
+        self._plan_cache = ({k: v.clone() for k, v in anchor.items()}, plan)
+        return plan
+
+    def plan_step(self, obs: Obs) -> torch.Tensor:
+        """`[B]` long: the index h of the current step in the base's plan (closed loop)."""
+        return obs[PLAN_STEP_KEY][:, -1, 0].long()
 
     def residual_mean(self, obs: Obs, base_action: torch.Tensor) -> torch.Tensor:
-        """r_θ(o, h, a^base_h) `[B, H, A]` (normalized action units) for a base chunk `[B, H, A]` in env units.
-        The MLP sees, per chunk step h, the chunk-start obs history, a one-hot of h and the normalized base
-        action of step h."""
+        """r_θ(o, h, a^base_h) `[B, H, A]` (normalized action units) for base actions `[B, H, A]` in env units.
+        The MLP sees, per step h, the observation history, a one-hot of h and the normalized base action of
+        step h: h is the chunk step (open loop, the chunk-start history) or the plan step (closed loop, H = 1,
+        the current history)."""
         check_chunk("base_action", base_action, self.config.horizon_steps, self.act_dim)
         batch, horizon = base_action.shape[:2]
         cond = flatten_obs(obs, self.obs_shapes, self.normalizer)[:, None].expand(-1, horizon, -1)
-        step = self.step_onehot.expand(batch, -1, -1)
+        if self.config.closed_loop:
+            step = self.step_onehot[self.plan_step(obs)][:, None]
+        else:
+            step = self.step_onehot[None].expand(batch, -1, -1)
         return self.residual_net(
             torch.cat([cond, step, self.normalizer.normalize("action", base_action)], dim=-1)
         )
@@ -276,6 +342,9 @@ class ResidualPolicy(Policy):
         """BC of the residual mean to the demonstrations' offset from the base: MSE of r_θ(o, a^base) against
         (a^demo - a^base) / s (normalized units). `batch`: `{"obs": Obs, "action": [B, H, A]}` env units.
         Residual policies usually start at zero and are trained by RL instead."""
+        if self.config.closed_loop:
+            raise ValueError("BC of a closed-loop residual needs each sample's base plan, which demonstrations do not "
+                             "carry; train it with RL (residual_ppo_step) or use an open-loop residual")
         check_chunk("batch['action']", batch["action"], self.config.horizon_steps, self.act_dim)
         base_action = self.base_chunk(batch["obs"])
         target = (batch["action"] - base_action) / self.normalizer.scale["action"].to(base_action.device)
@@ -304,11 +373,14 @@ def build_residual_policy(
 
 
 def wrap_residual(base: Policy, hidden_dims: tuple[int, ...], log_std_init: float,
-                  bound: float = 0.0) -> ResidualPolicy:
-    """A zero-initialised residual (bounded by `bound` when > 0) over an in-memory base (its weights kept,
-    frozen): fine-tuning a plain BC checkpoint with a residual algorithm starts exactly at the base."""
+                  bound: float = 0.0, closed_loop: bool = False) -> ResidualPolicy:
+    """A zero-initialised residual (bounded by `bound` when > 0; ResiP's per-step closed loop with `closed_loop`)
+    over an in-memory base (its weights kept, frozen): fine-tuning a plain BC checkpoint with a residual algorithm
+    starts exactly at the base."""
     c = base.config
+    steps = (1, 1) if closed_loop else (c.horizon_steps, c.act_steps)
     cfg = ResidualPolicyConfig(base=policy_record(base), obs_keys=[k for k in c.obs_keys if not k.startswith(
-        ("rgb/", "depth/"))], obs_steps=c.obs_steps, horizon_steps=c.horizon_steps, act_steps=c.act_steps,
-        normalizer_mode=c.normalizer_mode, hidden_dims=tuple(hidden_dims), log_std_init=log_std_init, bound=bound)
+        ("rgb/", "depth/"))], obs_steps=c.obs_steps, horizon_steps=steps[0], act_steps=steps[1],
+        normalizer_mode=c.normalizer_mode, hidden_dims=tuple(hidden_dims), log_std_init=log_std_init, bound=bound,
+        closed_loop=closed_loop)
     return ResidualPolicy(cfg, base.spec, base.normalizer, base)

@@ -115,6 +115,10 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
         raise ConfigError(f"--episodes must be >= 1, got {opts.episodes}")
     device = resolve_device(opts.device)
     policy, ckpt = load_policy(opts.checkpoint, device=device)
+    if policy.config.plan_every:
+        raise ConfigError(f"{ckpt.path}: a closed-loop residual (residual_ppo_step) reads its base's plan anchors "
+                          "(plan/<key>, plan_step) from each observation, which the deploy runner does not provide; "
+                          "deploy its base, or an open-loop residual (residual_ppo)")
     spec = ckpt.spec
     require_compatible(rig, spec, policy.config.obs_keys, ckpt.path)
     episode_time_s = opts.episode_time_s or rig.episode_time_s or _env_episode_time(ckpt.config, rig)

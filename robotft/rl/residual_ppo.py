@@ -7,6 +7,10 @@ log-density of r over the executed `act_steps × act_dim` entries. As in ResiP t
 observation and the base action, V(o, a^base); for a bootstrap observation without a stored sample the
 base is run again. The actor loss adds an entropy bonus. Only r_θ and σ train; the base gets no gradient. A
 checkpoint that is not a residual policy is wrapped in a zero-initialised residual at the start.
+
+`residual_ppo_step` is ResiP's closed loop: one transition is one env step, the base re-planning every `act_steps`
+of its own and executing its plan open loop, the residual correcting every step from the current observation
+(`ResidualPolicyConfig.closed_loop`).
 """
 
 from __future__ import annotations
@@ -59,12 +63,20 @@ class ResidualPPO(GaussianChunkPPO):
     Earlier, at 3e-4: 50 chunks per env held it at 30-34%; 200 with a constant rate rose to 46% at 112k env
     steps, then fell to 20% by 160k."""
 
+    closed_loop: ClassVar[bool] = False
+    """Whether a base policy is wrapped in a closed-loop (per-step) residual."""
+
     def __init__(self, policy: ResidualPolicy, cfg: ResidualPPOConfig) -> None:
         if not isinstance(policy, ResidualPolicy):
-            policy = wrap_residual(policy, cfg.residual_hidden, cfg.log_std_init)
+            policy = wrap_residual(policy, cfg.residual_hidden, cfg.log_std_init, closed_loop=self.closed_loop)
+        elif self.closed_loop and not policy.config.closed_loop:
+            raise ValueError(f"{self.name} trains a closed-loop residual; this checkpoint holds an open-loop one "
+                             "(fine-tune it with residual_ppo, or start residual_ppo_step from its base)")
         self.policy, self.cfg = policy, cfg
-        self.critic_extra_dim = policy.config.horizon_steps * policy.act_dim
-        """Size of the critic's extra input: the flattened, normalized base chunk."""
+        plan = policy.config.plan_every
+        self.critic_extra_dim = (plan * policy.act_dim + plan) if plan else policy.config.horizon_steps * policy.act_dim
+        """Size of the critic's extra input: the flattened, normalized base chunk; in the closed loop the base's
+        whole plan and a one-hot of the current step in it."""
 
     def act(self, obs: Obs, deterministic: bool = False) -> ActOutput:
         if deterministic:
@@ -75,6 +87,8 @@ class ResidualPPO(GaussianChunkPPO):
             sample = {"base_action": base_action, "residual": residual}
         else:
             actions, sample, _ = self.policy.sample_with_logprob(obs)
+        if self.policy.config.closed_loop:
+            sample["base_plan"] = self.policy.base_plan(obs)
         with torch.no_grad():
             logprob = self.logprob(obs, sample)
         return ActOutput(actions=actions, sample=sample, logprob=logprob)
@@ -84,7 +98,28 @@ class ResidualPPO(GaussianChunkPPO):
         return self.policy.elementwise_logprob(obs, sample)
 
     def critic_extra(self, obs: Obs, sample: dict[str, torch.Tensor] | None) -> torch.Tensor:
-        """`[N, H * A]` the normalized base chunk the critic conditions on: the stored one, or for an
-        observation without a sample (bootstrapping) a fresh base chunk."""
-        base_action = sample["base_action"] if sample is not None else self.policy.base_chunk(obs)
-        return self.policy.normalizer.normalize("action", base_action).flatten(1)
+        """What the critic conditions on besides the observation: `[N, H * A]` the normalized base chunk (the
+        stored one, or for an observation without a sample, when bootstrapping, a fresh one). In the closed loop
+        `[N, K * A + K]` the base's whole plan and a one-hot of the current step h: the base executes the rest of
+        its plan whatever the current observation is, so the value of a state depends on it."""
+        policy = self.policy
+        if not policy.config.closed_loop:
+            base_action = sample["base_action"] if sample is not None else policy.base_chunk(obs)
+            return policy.normalizer.normalize("action", base_action).flatten(1)
+        plan = sample["base_plan"] if sample is not None else policy.base_plan(obs)
+        step = torch.nn.functional.one_hot(policy.plan_step(obs), plan.shape[1]).to(plan.dtype)
+        return torch.cat([policy.normalizer.normalize("action", plan).flatten(1), step], dim=-1)
+
+
+@register_algorithm
+class ResidualPPOStep(ResidualPPO):
+    name = "residual_ppo_step"
+    closed_loop = True
+    exploration_flags = "--residual_ppo_step.log_std_init"
+    rl_defaults: ClassVar[dict[str, Any]] = {
+        **ResidualPPO.rl_defaults, "steps_per_iter": 1600, "num_minibatches": 16, "gamma": 0.9987, "gae_lambda": 0.9936,
+    }
+    """Residual PPO's values per env step instead of per 8-step chunk, so that the two differ in the loop alone:
+    the same env steps per iteration (200 chunks of 8 = 1600 steps per env), the same optimizer steps (16
+    minibatches × 10 epochs at 4 envs), and the same discount and GAE horizons (0.99^(1/8), 0.95^(1/8)). Clip 0.2
+    and KL stop 0.1 are ResiP's, which are per step (arXiv 2407.16677, Table 5)."""

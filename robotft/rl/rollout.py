@@ -153,7 +153,7 @@ class RolloutWorker:
         critic = make_critic(policy, spec, normalizer, cfg, algo)
         self.worker, self.seed = int(setup["worker"]), int(setup["seed"])
         self.env = make_env(cfg.env, device="cpu")
-        chunked = ChunkedEnv(self.env, policy.config.obs_steps, policy.config.act_steps)
+        chunked = ChunkedEnv.for_policy(self.env, policy.config)
         self.ppo = PPO(algo, critic, chunked, cfg.rl, seed=self.seed)
 
     def collect(self, iteration: int, weights: tuple[bytes, str]) -> tuple[bytes, str]:

@@ -202,3 +202,34 @@ def test_milestones_accumulate_over_an_episode_and_restart_with_the_next():
     assert reached[4] == [True, False]
     assert reached[5] == [True, False] and done[5] == [True, True]  # kept back below y = 0, at the time limit
     assert reached[6] == [False, False]  # the next episode starts over
+
+
+def test_plan_anchors_hold_the_history_of_the_last_plan_and_restart_with_each_episode():
+    """`plan_every` K: `plan/<key>` is the history at the episode's start and every K steps after; `plan_step`
+    counts the steps since; a finished env's new episode starts a new plan at once."""
+    env = ChunkedEnv(CountingEnv([7, 100]), obs_steps=2, act_steps=1, plan_every=3)
+    obs = env.reset(seed=0)
+    steps, anchors = [obs["plan_step"][:, -1, 0].tolist()], [obs["plan/state"][:, -1, 0].tolist()]
+    assert torch.equal(obs["plan/state"], obs["state"]) and obs["plan_step"].shape == (2, 2, 1)
+    for _ in range(8):
+        obs, _, _, _, info = env.step(torch.zeros(2, 1, 1))
+        steps.append(obs["plan_step"][:, -1, 0].tolist())
+        anchors.append(obs["plan/state"][:, -1, 0].tolist())
+    # Env 0 finishes after 7 steps and restarts at 0; env 1 runs on. The anchor's last frame is the elapsed count.
+    assert [s[1] for s in steps] == [0, 1, 2, 0, 1, 2, 0, 1, 2]
+    assert [a[1] for a in anchors] == [0, 0, 0, 3, 3, 3, 6, 6, 6]
+    assert [s[0] for s in steps] == [0, 1, 2, 0, 1, 2, 0, 0, 1]
+    assert [a[0] for a in anchors] == [0, 0, 0, 3, 3, 3, 6, 0, 0]
+    assert obs["plan/state"][0, :, 1].tolist() == [2, 2]  # the second episode's padded first history
+    # The anchor is the whole history as it was then: at step 6 env 1's history was elapsed [5, 6].
+    assert obs["plan/state"][1, :, 0].tolist() == [5, 6]
+
+
+def test_plan_anchors_with_chunks_and_their_checks():
+    env = ChunkedEnv(CountingEnv([100]), obs_steps=1, act_steps=2, plan_every=4)
+    env.reset(seed=0)
+    seen = [env.step(torch.zeros(1, 2, 1))[0]["plan_step"][0, -1, 0].item() for _ in range(4)]
+    assert seen == [2, 0, 2, 0]
+    assert "plan_step" not in ChunkedEnv(CountingEnv([5]), obs_steps=1, act_steps=2).reset(seed=0)
+    with pytest.raises(ValueError, match="multiple of act_steps"):
+        ChunkedEnv(CountingEnv([5]), obs_steps=1, act_steps=2, plan_every=3)

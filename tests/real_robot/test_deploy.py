@@ -21,6 +21,7 @@ from robotft.datasets.sampler import SequenceSampler
 from robotft.datasets.store import DatasetWriter, ReplayBuffer, validate_store
 from robotft.policies.base import build_policy
 from robotft.policies.gaussian import GaussianPolicyConfig
+from robotft.policies.residual import wrap_residual
 from robotft.pretrain import check_dataset_matches_env
 from robotft.real_robot.deploy import make_devices
 from robotft.real_robot.latency import write_report
@@ -235,6 +236,17 @@ def test_deploy_refuses_a_checkpoint_the_rig_cannot_feed(cli, tmp_path):
         expect_rc=1,
     )
     assert "cannot deploy checkpoint" in proc.stderr and "extra/peg_pose (7 dims)" in proc.stderr
+    assert not (tmp_path / "r.zarr").exists()
+
+
+def test_deploy_refuses_a_closed_loop_residual_naming_the_keys_it_lacks(cli, checkpoint, tmp_path):
+    base, ckpt = load_policy(checkpoint)
+    residual = wrap_residual(base, (16,), -4.0, closed_loop=True)
+    write_checkpoint(tmp_path / "closed_loop", model_state=residual.export_state_dict(), normalizer=ckpt.normalizer,
+                     config={**ckpt.config, "policy": to_dict(residual.config)}, meta={"stage": "finetune"})
+    proc = cli.run("deploy", tmp_path / "closed_loop", "--rig", "sim_franka", "--no-operator", "--record",
+                   tmp_path / "r.zarr", cwd=tmp_path, expect_rc=1)
+    assert "closed-loop residual" in proc.stderr and "plan_step" in proc.stderr
     assert not (tmp_path / "r.zarr").exists()
 
 

@@ -34,7 +34,7 @@ def toy_success():
 
     def run(run_dir: Path, deterministic: bool = True) -> float:
         policy, _ = load_policy(run_dir)
-        env = ChunkedEnv(make_env(TOY_NAV2D), policy.config.obs_steps, policy.config.act_steps)
+        env = ChunkedEnv.for_policy(make_env(TOY_NAV2D), policy.config)
         return evaluate(lambda o: policy.predict_chunk(o, deterministic=deterministic), env, 400,
                         seed=777).success_rate
 

@@ -12,7 +12,8 @@ from robotft.finetune import ALGORITHMS, FinetuneConfig
 from robotft.rl.ppo import PPOConfig
 from robotft.runlog import read_metrics
 
-ALGOS = {"dppo": "diffusion", "reinflow": "flow", "flow_sde": "flow", "ppo": "gaussian", "residual_ppo": "residual"}
+ALGOS = {"dppo": "diffusion", "reinflow": "flow", "flow_sde": "flow", "ppo": "gaussian", "residual_ppo": "residual",
+         "residual_ppo_step": "gaussian"}
 
 
 def _finetune(source, out, algo: str, *flags: str) -> list[dict]:

@@ -17,7 +17,8 @@ from robotft.runlog import read_metrics
 TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=20, max_episode_steps=40, control_mode="velocity_2d",
                       reward_mode="dense", control_hz=10.0)
 
-ALGOS = {"dppo": "diffusion", "reinflow": "flow", "flow_sde": "flow", "ppo": "gaussian", "residual_ppo": "residual"}
+ALGOS = {"dppo": "diffusion", "reinflow": "flow", "flow_sde": "flow", "ppo": "gaussian", "residual_ppo": "residual",
+         "residual_ppo_step": "gaussian"}
 SCALARS = ["train/success_rate", "train/episode_return", "train/approx_kl", "train/clip_fraction",
            "train/explained_variance", "train/noise_std", "train/env_steps_per_s", "train/wall_seconds",
            "eval/success_rate", "eval/success_once", "eval/milestone/halfway", "eval/wall_seconds"]

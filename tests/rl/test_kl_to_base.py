@@ -19,7 +19,7 @@ TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=20, max_episode_steps=4
                       reward_mode="dense", control_hz=10.0)
 SOURCE_OF = {"dppo": "diffusion", "reinflow": "flow", "flow_sde": "flow", "ppo": "gaussian",
              "residual_ppo": "residual", "dsrl": "flow", "pa_rl": "gaussian", "residual_sac": "gaussian",
-             "filtered_bc": "gaussian"}
+             "filtered_bc": "gaussian", "residual_ppo_step": "gaussian"}
 
 
 def test_every_algorithm_is_covered():

@@ -3,6 +3,7 @@ and that fine-tuning learns."""
 
 
 import numpy as np
+import pytest
 import torch
 
 from robotft.config import EnvConfig
@@ -13,7 +14,7 @@ from robotft.policies.gaussian import GaussianPolicy, GaussianPolicyConfig
 from robotft.policies.residual import ResidualPolicy, ResidualPolicyConfig
 from robotft.rl.critic import ValueCritic
 from robotft.rl.ppo import PPO, PPOConfig
-from robotft.rl.residual_ppo import ResidualPPO, ResidualPPOConfig
+from robotft.rl.residual_ppo import ResidualPPO, ResidualPPOConfig, ResidualPPOStep
 from robotft.specs import ActionSpec, EnvSpec, FeatureSpec
 
 
@@ -113,3 +114,82 @@ def test_pretrain_then_residual_ppo_raises_success_on_toy(tmp_path, weak_gaussia
     after = toy_success(ft)
     assert before > 0.1, f"the BC base should beat a policy that never reaches the goal, got {before:.2f}"
     assert after > before + 0.15, f"residual PPO should improve on its base: {before:.2f} -> {after:.2f}"
+
+
+def _closed_loop(num_envs: int = 3):
+    """A closed-loop residual (non-zero residual mean) over a Gaussian base that plans 8 and executes 4, and a
+    nav2d env config for it."""
+    env_cfg = EnvConfig(type="toy", task="nav2d", num_envs=num_envs, max_episode_steps=20, control_mode="velocity_2d")
+    spec = make_env(env_cfg).spec
+    torch.manual_seed(0)
+    norm = Normalizer.fit({"state": np.random.default_rng(0).normal(size=(50, 4)),
+                           "action": np.random.default_rng(1).uniform(-1, 1, (50, 2))},
+                          {"state": "meanstd", "action": "minmax"})
+    base = GaussianPolicy(GaussianPolicyConfig(obs_steps=2, horizon_steps=8, act_steps=4, hidden_dims=(16,)), spec, norm)
+    algo = ResidualPPOStep(base, ResidualPPOConfig(residual_hidden=(16,), log_std_init=-3.0))
+    return algo, env_cfg
+
+
+def test_a_zero_closed_loop_residual_executes_its_base_open_loop_step_for_step():
+    """residual_ppo_step wraps a base in a per-step residual: the base's plan comes from the env's plan anchor,
+    so with a zero residual the closed loop replays the base's open-loop chunks exactly, through episode ends,
+    while the same policy also serves another env in between (evaluation during training)."""
+    algo, env_cfg = _closed_loop()
+    policy, base = algo.policy, algo.policy.base
+    assert policy.config.closed_loop and policy.config.plan_every == 4
+    assert (policy.config.horizon_steps, policy.config.act_steps) == (1, 1) and algo.critic_extra_dim == 4 * 2 + 4
+    chunked_open = ChunkedEnv.for_policy(make_env(env_cfg), base.config)
+    chunked_closed = ChunkedEnv.for_policy(make_env(env_cfg), policy.config)
+    other = ChunkedEnv.for_policy(make_env(env_cfg), policy.config)
+    obs_open, obs_closed, obs_other = chunked_open.reset(seed=3), chunked_closed.reset(seed=3), other.reset(seed=9)
+    low, high = policy.action_low, policy.action_high
+    for _ in range(8):  # 32 steps: every env ends an episode (20 steps) and starts another
+        chunk = base.predict_chunk(obs_open).clamp(low, high)
+        obs_open, *_ = chunked_open.step(chunk)
+        for k in range(4):
+            action = policy.predict_chunk(obs_closed)
+            assert action.shape == (3, 1, 2)
+            torch.testing.assert_close(action[:, 0], chunk[:, k], rtol=0, atol=1e-6)
+            obs_closed, *_ = chunked_closed.step(action)
+            obs_other, *_ = other.step(policy.predict_chunk(obs_other))
+        torch.testing.assert_close(obs_closed["state"], obs_open["state"], rtol=0, atol=1e-5)
+
+
+def test_the_closed_loop_residual_scores_one_step_from_the_current_observation():
+    algo, env_cfg = _closed_loop()
+    policy = algo.policy
+    torch.nn.init.normal_(policy.residual_net[-1].weight, std=0.1)
+    obs = ChunkedEnv.for_policy(make_env(env_cfg), policy.config).reset(seed=0)
+    for _ in range(2):  # plan step 2
+        obs = {k: v for k, v in obs.items()}
+        obs["plan_step"] = obs["plan_step"] + 1
+    out = algo.act(obs)
+    base, residual = out.sample["base_action"], out.sample["residual"]
+    plan = policy.base.predict_chunk({"state": obs["plan/state"]}).clamp(policy.action_low, policy.action_high)
+    torch.testing.assert_close(base[:, 0], plan[:, 2], rtol=0, atol=1e-6)
+    cond = policy.normalizer.normalize("state", obs["state"]).reshape(3, -1)
+    inputs = torch.cat([cond, torch.eye(4)[2].expand(3, -1), policy.normalizer.normalize("action", base[:, 0])], -1)
+    dist = torch.distributions.Normal(policy.residual_net(inputs), policy.std())
+    assert torch.allclose(out.logprob[:, 0], dist.log_prob(residual[:, 0]).sum(-1), atol=1e-5)
+    # The critic sees the base's whole plan (what it will execute whatever it observes) and the step in it.
+    extra = algo.critic_extra(obs, out.sample)
+    torch.testing.assert_close(extra[:, :8], policy.normalizer.normalize("action", plan[:, :4]).flatten(1))
+    assert extra[:, 8:].tolist() == [[0.0, 0.0, 1.0, 0.0]] * 3
+    torch.testing.assert_close(algo.critic_extra(obs, None), extra)
+    with pytest.raises(KeyError, match="plan anchors"):
+        algo.act({"state": obs["state"]})
+    with pytest.raises(ValueError, match="closed-loop residual"):
+        ResidualPPOStep(_policy(), ResidualPPOConfig())
+
+
+def test_pretrain_then_closed_loop_residual_ppo_raises_success_on_toy(tmp_path, weak_gaussian_bc, toy_success,
+                                                                      toy_finetune):
+    """The closed loop learns as the open loop does (the budget above in env steps), and its checkpoint evaluates
+    with no flags: the evaluation env carries the plan anchors its config asks for."""
+    before = toy_success(weak_gaussian_bc)
+    ft = toy_finetune(weak_gaussian_bc, tmp_path / "residual_ppo_step", "residual_ppo_step",
+                      PPOConfig(iterations=20, steps_per_iter=40, num_minibatches=10, update_epochs=10,
+                                actor_lr=3e-4, clip_eps=0.2, gamma=0.99 ** 0.25, gae_lambda=0.95 ** 0.25),
+                      residual_ppo_step=ResidualPPOConfig(residual_hidden=(64, 64), log_std_init=-2.0))
+    after = toy_success(ft)
+    assert after > before + 0.15, f"closed-loop residual PPO should improve on its base: {before:.2f} -> {after:.2f}"
