@@ -30,8 +30,8 @@ every step and corrects the plan's current action h from the current observation
 
 The base's plan is a function of the observation at the step it was made, which the env supplies with every
 observation (`ChunkedEnv`'s plan anchors, `plan_every` = K): the policy keeps no per-env state, only a cache of
-the last plans it computed (re-planning only where an env's anchor changed), so the same policy object serves
-training and evaluation envs alike.
+the last plans it computed (re-planned when an env's anchor changed), so the same policy object serves training
+and evaluation envs alike.
 
 Example:
     config = ResidualPolicyConfig(base_checkpoint="runs/bc", obs_steps=1, horizon_steps=8, act_steps=4)
@@ -180,8 +180,8 @@ class ResidualPolicy(Policy):
         self._check_base(base)
         self.base = base.requires_grad_(False).eval()
         obs_dim = sum(math.prod(shape) for shape in self.obs_shapes.values())
+        # The step one-hot: of the chunk step h (open loop) or of the step h in the base's plan (closed loop).
         steps = base.config.act_steps if config.closed_loop else config.horizon_steps
-        """Length of the step one-hot: the chunk step h (open loop) or the step h in the base's plan (closed loop)."""
         self.residual_net = mlp(obs_dim + steps + self.act_dim, tuple(config.hidden_dims), self.act_dim)
         torch.nn.init.zeros_(self.residual_net[-1].weight)
         torch.nn.init.zeros_(self.residual_net[-1].bias)
@@ -190,7 +190,7 @@ class ResidualPolicy(Policy):
         )
         self.register_buffer("step_onehot", torch.eye(steps), persistent=False)  # [steps, steps]
         self._plan_cache: tuple[Obs, torch.Tensor] | None = None
-        """Closed loop: the anchors and base plans `[B, K, A]` of the last call (re-planned only where they differ)."""
+        """Closed loop: the anchors and base plans `[B, K, A]` of the last call (re-planned when an anchor changes)."""
         self.register_buffer(
             "action_low", torch.tensor(spec.action.low, dtype=torch.float32), persistent=False
         )
@@ -231,25 +231,23 @@ class ResidualPolicy(Policy):
 
     @torch.no_grad()
     def base_plan(self, obs: Obs, generator: torch.Generator | None = None) -> torch.Tensor:
-        """`[B, K, A]` the base's plans from the observations' plan anchors, computed where the anchor differs
-        from the last call's (a plan is a function of its anchor; the cache only saves recomputing it)."""
+        """`[B, K, A]` the base's plans from the observations' plan anchors, recomputed when an anchor differs from
+        the last call's (a plan is a function of its anchor; the cache only saves recomputing it). Always for the
+        whole batch: a row computed in a batch of another size can differ in the last bits, and contact-rich tasks
+        amplify that, so a zero residual then would not replay its base's evaluation exactly."""
         keys = self.base.config.obs_keys
         missing = [PLAN_PREFIX + k for k in keys if PLAN_PREFIX + k not in obs]
         if missing:
             raise KeyError(f"a closed-loop residual reads its base's plan anchors {missing} from the observation; "
                            f"run it on ChunkedEnv.for_policy(env, policy.config) (plan_every = {self.config.plan_every})")
         anchor = {k: obs[PLAN_PREFIX + k] for k in keys}
-        first = anchor[keys[0]]
         cached = self._plan_cache
-        if cached is None or cached[1].shape[0] != first.shape[0] or cached[1].device != first.device:
-            stale, plan = torch.ones(first.shape[0], dtype=torch.bool, device=first.device), None
-        else:
-            same = torch.stack([(anchor[k] == cached[0][k]).flatten(1).all(1) for k in keys]).all(0)
-            stale, plan = ~same, cached[1]
-        if plan is None or bool(stale.any()):
-            fresh = self.base.predict_chunk({k: v[stale] for k, v in anchor.items()}, deterministic=True,
-                                            generator=generator)[:, : self.config.plan_every]
-            plan = fresh if plan is None else plan.masked_scatter(stale[:, None, None], fresh)
+        if cached is not None and all(
+            cached[0][k].shape == anchor[k].shape and cached[0][k].device == anchor[k].device
+            and torch.equal(cached[0][k], anchor[k]) for k in keys
+        ):
+            return cached[1]
+        plan = self.base.predict_chunk(anchor, deterministic=True, generator=generator)[:, : self.config.plan_every]
         self._plan_cache = ({k: v.clone() for k, v in anchor.items()}, plan)
         return plan
 

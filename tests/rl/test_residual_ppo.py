@@ -149,10 +149,10 @@ def test_a_zero_closed_loop_residual_executes_its_base_open_loop_step_for_step()
         for k in range(4):
             action = policy.predict_chunk(obs_closed)
             assert action.shape == (3, 1, 2)
-            torch.testing.assert_close(action[:, 0], chunk[:, k], rtol=0, atol=1e-6)
+            assert torch.equal(action[:, 0], chunk[:, k])
             obs_closed, *_ = chunked_closed.step(action)
             obs_other, *_ = other.step(policy.predict_chunk(obs_other))
-        torch.testing.assert_close(obs_closed["state"], obs_open["state"], rtol=0, atol=1e-5)
+        assert torch.equal(obs_closed["state"], obs_open["state"])
 
 
 def test_the_closed_loop_residual_scores_one_step_from_the_current_observation():
