@@ -278,7 +278,7 @@ class ChunkedEnv:
         if self.plan_every:
             self._since_plan += self.act_steps
             due = self._since_plan >= self.plan_every
-            self._since_plan[due] = 0
+            self._since_plan = torch.where(due, 0, self._since_plan)  # a masked assignment would sync with the GPU
             for k, hist in self._history.items():
                 mask = due.view(-1, *([1] * (hist.ndim - 1)))
                 self._anchor[k] = torch.where(mask, hist, self._anchor[k])
