@@ -9,8 +9,8 @@ are masked. At the end of the chunk finished envs are reset, their final history
 Plan anchors (`plan_every` K > 0), for a policy that plans a chunk every K env steps and acts on every step in
 between (a closed-loop residual over an open-loop base): each observation also carries `plan/<key>`, the history
 of every key as it was at the step the current plan was made (the episode's start, then every K steps), and
-`plan_step` `[B, obs_steps, 1]`, the index of the current step in that plan (0..K-1, repeated over the history
-axis). The policy re-derives its plan from the anchor, so it holds no per-env state and any number of envs,
+`plan_step` `[B, obs_steps, 1]`, the index of the current step in that plan (the episode's step count mod K,
+repeated over the history axis). The policy re-derives its plan from the anchor, so it holds no per-env state and any number of envs,
 evaluation envs included, can share it.
 """
 
@@ -69,7 +69,6 @@ class ChunkedEnv:
         self._history: Obs = {}
         self._anchor: Obs = {}
         """Per key the history at the step the current plan was made (`plan_every` > 0)."""
-        self._since_plan = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
         self._episode_return = torch.zeros(env.num_envs, device=env.device)
         self._episode_length = torch.zeros(env.num_envs, dtype=torch.long, device=env.device)
         self._success_once = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
@@ -152,7 +151,6 @@ class ChunkedEnv:
         for reached in self._milestones.values():
             reached.zero_()
         self._anchor = {k: v.clone() for k, v in self._history.items()} if self.plan_every else {}
-        self._since_plan.zero_()
         return self._observation()
 
     def step(
@@ -268,17 +266,15 @@ class ChunkedEnv:
         obs = {k: v.clone() for k, v in self._history.items()}
         if self.plan_every:
             obs.update({PLAN_PREFIX + k: v.clone() for k, v in self._anchor.items()})
-            step = self._since_plan.to(torch.float32)[:, None, None]
+            step = (self._episode_length % self.plan_every).to(torch.float32)[:, None, None]
             obs[PLAN_STEP_KEY] = step.expand(-1, self.obs_steps, 1).clone()
         return obs
 
     def _advance_plan(self) -> Obs:
-        """Count the chunk's steps into the current plan; where K steps have passed, the current history becomes the
-        anchor of a new plan. Returns the observation at this point (each env's final one, for envs that finished)."""
+        """Where the episode's step count reached a multiple of K, the current history becomes the anchor of a new
+        plan. Returns the observation at this point (each env's final one, for envs that finished)."""
         if self.plan_every:
-            self._since_plan += self.act_steps
-            due = self._since_plan >= self.plan_every
-            self._since_plan = torch.where(due, 0, self._since_plan)  # a masked assignment would sync with the GPU
+            due = self._episode_length % self.plan_every == 0
             for k, hist in self._history.items():
                 mask = due.view(-1, *([1] * (hist.ndim - 1)))
                 self._anchor[k] = torch.where(mask, hist, self._anchor[k])
@@ -320,7 +316,6 @@ class ChunkedEnv:
             self._history[k][ids] = hist
             if self.plan_every:
                 self._anchor[k][ids] = hist
-        self._since_plan[ids] = 0
         self._episode_return[ids] = 0.0
         self._episode_length[ids] = 0
         self._success_once[ids] = False

@@ -255,6 +255,10 @@ class ResidualPolicy(Policy):
         """`[B]` long: the index h of the current step in the base's plan (closed loop)."""
         return obs[PLAN_STEP_KEY][:, -1, 0].long()
 
+    def plan_step_onehot(self, obs: Obs) -> torch.Tensor:
+        """`[B, K]` a one-hot of the current step h in the base's plan (closed loop)."""
+        return self.step_onehot[self.plan_step(obs)]
+
     def residual_mean(self, obs: Obs, base_action: torch.Tensor) -> torch.Tensor:
         """r_θ(o, h, a^base_h) `[B, H, A]` (normalized action units) for base actions `[B, H, A]` in env units.
         The MLP sees, per step h, the observation history, a one-hot of h and the normalized base action of
@@ -264,7 +268,7 @@ class ResidualPolicy(Policy):
         batch, horizon = base_action.shape[:2]
         cond = flatten_obs(obs, self.obs_shapes, self.normalizer)[:, None].expand(-1, horizon, -1)
         if self.config.closed_loop:
-            step = self.step_onehot[self.plan_step(obs)][:, None]
+            step = self.plan_step_onehot(obs)[:, None]
         else:
             step = self.step_onehot[None].expand(batch, -1, -1)
         return self.residual_net(

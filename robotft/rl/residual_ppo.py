@@ -107,8 +107,7 @@ class ResidualPPO(GaussianChunkPPO):
             base_action = sample["base_action"] if sample is not None else policy.base_chunk(obs)
             return policy.normalizer.normalize("action", base_action).flatten(1)
         plan = sample["base_plan"] if sample is not None else policy.base_plan(obs)
-        step = torch.nn.functional.one_hot(policy.plan_step(obs), plan.shape[1]).to(plan.dtype)
-        return torch.cat([policy.normalizer.normalize("action", plan).flatten(1), step], dim=-1)
+        return torch.cat([policy.normalizer.normalize("action", plan).flatten(1), policy.plan_step_onehot(obs)], dim=-1)
 
 
 @register_algorithm

@@ -43,7 +43,7 @@ def _one_update(policy, algo_name: str) -> tuple[dict, object]:
     algo = make_algorithm(algo_name, policy, cfg)
     env = make_env(dataclasses.replace(TOY_NAV2D, num_envs=4, max_episode_steps=12))
     critic = make_critic(policy, env.spec, policy.normalizer, cfg, algo)
-    ppo = PPO(algo, critic, ChunkedEnv(env, policy.config.obs_steps, policy.config.act_steps), ONE_ITERATION)
+    ppo = PPO(algo, critic, ChunkedEnv.for_policy(env, policy.config), ONE_ITERATION)
     buf, next_value, _ = ppo.collect()
     metrics = ppo.update(buf, next_value)
     assert metrics["actor_trained"] == 1.0
