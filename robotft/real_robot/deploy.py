@@ -107,7 +107,7 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
     """Run a deployment session; returns the summary also written to `deploy.json`."""
     from robotft.checkpoint import load_policy
     from robotft.datasets.store import DatasetWriter
-    from robotft.real_robot.runner import Recorder, Runner
+    from robotft.real_robot.runner import Recorder, Runner, executor_for
 
     rig = load_rig(opts.rig)
     check_operator_mode(rig, opts.no_operator, opts.rig)
@@ -115,10 +115,10 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
         raise ConfigError(f"--episodes must be >= 1, got {opts.episodes}")
     device = resolve_device(opts.device)
     policy, ckpt = load_policy(opts.checkpoint, device=device)
-    if policy.config.plan_every:
-        raise ConfigError(f"{ckpt.path}: a closed-loop residual (residual_ppo_step) reads its base's plan anchors "
-                          "(plan/<key>, plan_step) from each observation, which the deploy runner does not provide; "
-                          "deploy its base, or an open-loop residual (residual_ppo)")
+    executor = executor_for(rig, policy.config, opts.executor)
+    if executor != (opts.executor or rig.executor.type):
+        log.warning("%s is a closed-loop residual (one action per query): it runs the receding_horizon executor, "
+                    "not the rig's %s", ckpt.path, rig.executor.type)
     spec = ckpt.spec
     require_compatible(rig, spec, policy.config.obs_keys, ckpt.path)
     episode_time_s = opts.episode_time_s or rig.episode_time_s or _env_episode_time(ckpt.config, rig)
@@ -166,7 +166,7 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
                 robot,
                 cameras,
                 operator,
-                executor=opts.executor,
+                executor=executor,
                 recorder=recorder,
                 episode_time_s=episode_time_s,
                 seed=opts.seed,
@@ -189,7 +189,7 @@ def deploy(opts: DeployOptions, operator_stream: IO | None = None) -> dict[str, 
         "episode_results": [vars(e) for e in result.episodes],
         "checkpoint": str(ckpt.path),
         "rig": rig.name or opts.rig,
-        "executor": opts.executor or rig.executor.type,
+        "executor": executor,
         "mode": "realtime",
         "safety_total": result.latency.safety_counters,
         "record": opts.record,

@@ -24,7 +24,9 @@ import torch
 
 from robotft.real_robot.actions import make_mapper
 from robotft.real_robot.operator import SceneJudge
+from robotft.real_robot.policy_input import PolicyInput
 from robotft.real_robot.rig import ObservationBuilder, RigConfig
+from robotft.real_robot.runner import executor_for
 from robotft.real_robot.safety import SafetyLayer
 from robotft.specs import EnvSpec
 
@@ -77,9 +79,11 @@ def run_lockstep(
     device: str = "cpu",
 ) -> list[LockstepEpisode]:
     """Run `episodes` episodes (scene seeds `seed + i`) of at most `max_steps` control steps on the connected
-    lock-step `robot`; a receding-horizon executor runs the policy's `act_steps` of each chunk."""
+    lock-step `robot`; a receding-horizon executor runs the policy's `act_steps` of each chunk (one per query for a
+    closed-loop policy, which reads its plan anchors from robotft.real_robot.policy_input)."""
     if rig.success is None:
         raise ValueError(f"rig {rig.name!r} has no success predicate (key 'success')")
+    executor_for(rig, policy.config, "receding_horizon")
     obs_keys = list(policy.config.obs_keys)
     builder = ObservationBuilder(rig, spec, obs_keys)
     cameras = snapshot_cameras(rig, builder, robot)
@@ -88,10 +92,12 @@ def run_lockstep(
     dt = 1.0 / rig.control_hz
     act_steps = rig.executor.act_steps or int(policy.config.act_steps)
     obs_steps = int(policy.config.obs_steps)
+    policy_input = PolicyInput.for_policy(policy, device)
     results = []
     try:
         for i in range(episodes):
             robot.reset_episode(seed=seed + i)
+            policy_input.reset()
             start = _positions(robot.object_poses())
             before = dict(robot.safety.counters)
             history: collections.deque[dict[str, np.ndarray]] = collections.deque(maxlen=obs_steps)
@@ -103,7 +109,7 @@ def run_lockstep(
                 while len(history) < obs_steps:
                     history.appendleft(obs)
                 if not queue:
-                    queue = list(_predict(policy, history, obs_keys, device)[:act_steps])
+                    queue = list(_predict(policy, policy_input(list(history)))[:act_steps])
                 action = queue.pop(0)
                 now = robot.clock()
                 robot.safety.watchdog.heartbeat("policy", now)
@@ -159,6 +165,5 @@ def samples(robot: Any, builder: ObservationBuilder, cameras: dict[str, Any] | N
 
 
 @torch.no_grad()
-def _predict(policy: Any, history: collections.deque, obs_keys: list[str], device: str) -> np.ndarray:
-    obs = {k: torch.as_tensor(np.stack([h[k] for h in history]))[None].to(device) for k in obs_keys}
+def _predict(policy: Any, obs: dict[str, torch.Tensor]) -> np.ndarray:
     return policy.predict_chunk(obs, deterministic=True)[0].detach().cpu().numpy()

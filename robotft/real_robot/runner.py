@@ -15,6 +15,10 @@ Each episode is recorded into the dataset store: the observations the policy saw
 (env units, `action`), the absolute target before (`target/*`) and after (`sent/*`) the safety layer,
 the measured robot state (`robot/*`), times (`timestamp`, `obs_timestamp`), whether the operator was
 driving (`intervention`), the outcome (`outcome`, `success` on the last step).
+
+A closed-loop policy (`plan_every` > 0: a residual that corrects its base every step) queries on every tick with
+the plan anchors it reads (robotft.real_robot.policy_input), so it runs the `receding_horizon` executor, one
+action per query, whatever executor the rig prefers for chunked policies (`executor_for`).
 """
 
 from __future__ import annotations
@@ -32,12 +36,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from robotft.config import ConfigError
 from robotft.datasets.store import DatasetWriter
 from robotft.real_robot.actions import ActionMapper, make_mapper
 from robotft.real_robot.camera import Camera
 from robotft.real_robot.executors import ChunkExecutor, make_executor
 from robotft.real_robot.latency import LatencyLog
 from robotft.real_robot.operator import OUTCOMES, Operator, Tally
+from robotft.real_robot.policy_input import PolicyInput
 from robotft.real_robot.rig import ObservationBuilder, RigConfig
 from robotft.real_robot.robot import Robot, RobotCommand, RobotState
 from robotft.real_robot.timing import RateLimiter, StaleDataError, StampedBuffer, align_by_timestamp
@@ -238,6 +244,23 @@ class Recorder:
         return n
 
 
+def executor_for(rig: RigConfig, policy_config: Any, requested: str | None = None) -> str:
+    """The chunk executor a policy runs with on `rig`: `requested` (`--executor`), else the rig's. A closed-loop
+    policy (`plan_every` > 0) acts on each tick's observation, one action per query, so it runs `receding_horizon`
+    with one step per chunk: another executor asked for by name, or a rig that fixes `executor.act_steps` above 1,
+    is refused."""
+    name = requested or rig.executor.type
+    if not getattr(policy_config, "plan_every", 0):
+        return name
+    if requested not in (None, "receding_horizon"):
+        raise ConfigError(f"--executor {requested}: a closed-loop residual acts on every tick's observation, one "
+                          "action per query; it runs the receding_horizon executor")
+    if rig.executor.act_steps not in (0, 1):
+        raise ConfigError(f"rig {rig.name!r} sets executor.act_steps {rig.executor.act_steps}; a closed-loop "
+                          "residual executes one action per query (act_steps 0 or 1)")
+    return "receding_horizon"
+
+
 class Runner:
     """Runs episodes of `policy` on a connected rig. See the module docstring.
 
@@ -302,7 +325,8 @@ class Runner:
             history_s=self.obs_steps * self.dt + 1.0,
             object_source=self.object_source,
         )
-        self.executor = self._make_executor(executor or rig.executor.type)
+        self.policy_input = PolicyInput.for_policy(policy, device)
+        self.executor = self._make_executor(executor_for(rig, policy.config, executor))
         self._last_sent: RobotCommand | None = None
         self._episode_start = -np.inf
         self._announced: set[str] = set()
@@ -322,9 +346,7 @@ class Runner:
     def _predict(self, history: list[dict[str, np.ndarray]]) -> np.ndarray:
         """Chunk `[H, A]` (env units) for an observation history (oldest first); timed for the report."""
         start = time.perf_counter()
-        obs = {
-            k: torch.as_tensor(np.stack([h[k] for h in history]))[None].to(self.device) for k in self.obs_keys
-        }
+        obs = self.policy_input(history)
         chunk = self.policy.predict_chunk(obs, deterministic=True)[0].detach().cpu().numpy()
         self.latency.inference_s.append(time.perf_counter() - start)
         return chunk
@@ -383,6 +405,7 @@ class Runner:
         self._wait_for_streams(index)
         counters_before = dict(self.robot.safety.counters)
         self.executor.reset()
+        self.policy_input.reset()
         self._last_sent = None
         history: collections.deque[dict[str, np.ndarray]] = collections.deque(maxlen=self.obs_steps)
         limiter = RateLimiter(self.rig.control_hz)
@@ -407,6 +430,7 @@ class Runner:
                     outcome = "abort"
                 elif event == "takeover":
                     takeover = not takeover
+                    self.policy_input.reset()  # the arm moved off the current plan: re-plan on handing back
                     log.warning("operator %s", "took over" if takeover else "gave control back to the policy")
             if outcome is not None:
                 break

@@ -239,14 +239,31 @@ def test_deploy_refuses_a_checkpoint_the_rig_cannot_feed(cli, tmp_path):
     assert not (tmp_path / "r.zarr").exists()
 
 
-def test_deploy_refuses_a_closed_loop_residual_naming_the_keys_it_lacks(cli, checkpoint, tmp_path):
+def closed_loop_checkpoint(checkpoint, path):
+    """A zero-initialised closed-loop residual (`residual_ppo_step`'s policy) over the checkpoint's policy."""
     base, ckpt = load_policy(checkpoint)
     residual = wrap_residual(base, (16,), -4.0, closed_loop=True)
-    write_checkpoint(tmp_path / "closed_loop", model_state=residual.export_state_dict(), normalizer=ckpt.normalizer,
+    write_checkpoint(path, model_state=residual.export_state_dict(), normalizer=ckpt.normalizer,
                      config={**ckpt.config, "policy": to_dict(residual.config)}, meta={"stage": "finetune"})
-    proc = cli.run("deploy", tmp_path / "closed_loop", "--rig", "sim_franka", "--no-operator", "--record",
+    return path
+
+
+def test_deploy_runs_a_closed_loop_residual_with_one_action_per_query(cli, checkpoint, tmp_path):
+    """The runner gives a closed-loop residual its plan anchors and queries it on every executed tick (the
+    receding-horizon executor, whatever the rig's); an executor that cannot is refused by name, before any
+    recording starts."""
+    ckpt = closed_loop_checkpoint(checkpoint, tmp_path / "closed_loop")
+    rec = tmp_path / "deploy" / "rec.zarr"
+    proc = cli.run("deploy", ckpt, "--rig", "sim_franka", "--no-operator", "--episodes", "1", "--record", rec,
+                   "--episode-time", "1.5", cwd=tmp_path)
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["scored"] == 1 and summary["executor"] == "receding_horizon"
+    report = json.loads((tmp_path / "deploy" / "latency.json").read_text())
+    executed = ReplayBuffer.open(rec).episode(0)["action"].shape[0]
+    assert executed >= 10 and report["inference_ms"]["count"] == executed  # one query per executed action
+    proc = cli.run("deploy", ckpt, "--rig", "sim_franka", "--no-operator", "--executor", "async", "--record",
                    tmp_path / "r.zarr", cwd=tmp_path, expect_rc=1)
-    assert "closed-loop residual" in proc.stderr and "plan_step" in proc.stderr
+    assert "--executor async" in proc.stderr and "closed-loop residual" in proc.stderr
     assert not (tmp_path / "r.zarr").exists()
 
 
