@@ -218,6 +218,49 @@ def test_stop_key_latches_the_safety_stop(checkpoint, rig_devices):
     assert result.episodes[0].duration_s < 2.0
 
 
+class PlanStepRecorder(torch.nn.Module):
+    """A policy that records the `plan_step` of every query."""
+
+    def __init__(self, policy) -> None:
+        super().__init__()
+        self.policy, self.config, self.steps = policy, policy.config, []
+
+    def predict_chunk(self, obs, deterministic=True):
+        self.steps.append(int(obs["plan_step"][0, -1, 0]))
+        return self.policy.predict_chunk(obs, deterministic)
+
+
+class TakeoverAfter(SceneJudge):
+    """Takes over once the policy has been queried `after` times, and hands back `ticks` ticks later."""
+
+    def __init__(self, success, policy: PlanStepRecorder, after: int, ticks: int) -> None:
+        super().__init__(success)
+        self.policy, self.after, self.ticks, self.polls_since = policy, after, ticks, None
+
+    def poll(self) -> list[str]:
+        if self.polls_since is None and len(self.policy.steps) >= self.after:
+            self.polls_since = 0
+            return ["takeover"]
+        if self.polls_since is not None:
+            self.polls_since += 1
+            if self.polls_since == self.ticks:
+                return ["takeover"]
+        return []
+
+
+def test_a_closed_loop_residual_re_plans_when_the_operator_hands_back_control(checkpoint, rig_devices, tmp_path):
+    """In real time on the sim rig a closed-loop residual is queried on every tick with its plan step counting
+    0..K-1; a take-over holds the arm (no teleoperation device), and handing control back starts a new plan."""
+    rig, robot, cameras = rig_devices
+    policy, ckpt = load_policy(closed_loop_checkpoint(checkpoint, tmp_path / "closed_loop"))
+    recorder = PlanStepRecorder(policy)
+    operator = TakeoverAfter(rig.success, recorder, after=6, ticks=3)
+    result = _run(rig, robot, cameras, recorder, ckpt.spec, operator, episodes=1, seconds=1.5)
+    assert result.episodes[0].outcome == "timeout" and len(recorder.steps) >= 10
+    assert recorder.steps[:6] == [0, 1, 2, 3, 0, 1]
+    assert recorder.steps[6:] == [i % 4 for i in range(len(recorder.steps) - 6)]
+
+
 # ---- the command line ----------------------------------------------------------------------------------
 
 
