@@ -425,6 +425,23 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(ckpt, config, meta, _load_tensors(ckpt / MODEL_FILE), normalizer)
 
 
+def training_dataset(ckpt: Checkpoint, max_depth: int = 16) -> str | None:
+    """The dataset store the checkpoint's policy was behaviour-cloned on: its own `dataset` (a `robotft pretrain`
+    checkpoint), else that of the checkpoint it was fine-tuned from (`source`), followed back through any chain of
+    fine-tuning runs. None where no checkpoint on the way records one, or one on the way no longer exists."""
+    for _ in range(max_depth):
+        if ckpt.meta.get("dataset"):
+            return str(ckpt.meta["dataset"])
+        source = ckpt.meta.get("source")
+        if not source:
+            return None
+        try:
+            ckpt = read_checkpoint(source)
+        except CheckpointError:
+            return None
+    return None
+
+
 def load_weights(policy: torch.nn.Module, ckpt: Checkpoint) -> None:
     """Load a checkpoint's weights into the policy its config builds; any mismatch (missing or unexpected
     names, other shapes) is a CheckpointError naming model.safetensors."""

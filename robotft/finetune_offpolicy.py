@@ -26,7 +26,7 @@ from robotft.envs.chunked import ChunkedEnv
 from robotft.evaluation import EvalResult
 from robotft.policies.base import Policy
 from robotft.rl.kl_monitor import KLToBase
-from robotft.rl.offpolicy import OffPolicy, OffPolicyAlgorithm
+from robotft.rl.offpolicy import SOURCE_DEMOS, OffPolicy, OffPolicyAlgorithm
 from robotft.rl.q_ensemble import QEnsemble
 from robotft.rl.replay import store_transitions
 from robotft.runlog import RunLogger, progress_bar
@@ -55,6 +55,18 @@ def make_q_ensemble(policy: Policy, spec: EnvSpec, algo: OffPolicyAlgorithm, cfg
                      ensemble=o.num_critics)
 
 
+def source_demos(source: ckpt_io.Checkpoint) -> str:
+    """`offpolicy.demo_data source`: the dataset store `source`'s policy was behaviour-cloned on, or "" (online
+    data only, said on stderr) where none is recorded or it no longer exists."""
+    store = ckpt_io.training_dataset(source)
+    if store and Path(store).exists():
+        return store
+    why = f"its dataset {store} does not exist here" if store else "no BC dataset is recorded for it"
+    print(f"offpolicy.demo_data source: {source.path}: {why}; training on online data only (pass "
+          "--offpolicy.demo_data STORE to mix demonstrations in)", file=sys.stderr)
+    return ""
+
+
 def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None = None,
                            resume: bool = False) -> Path:
     """Fine-tune with an off-policy algorithm and checkpoint. Returns the run directory."""
@@ -78,6 +90,8 @@ def run_offpolicy_finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str]
     cfg, source, origin, resuming, policy = start.cfg, start.source, start.origin, start.resuming, start.policy
     env_cfg, previous, algo = cfg.env, start.previous, start.algo
     o = policy.config
+    if cfg.offpolicy.demo_data == SOURCE_DEMOS:
+        cfg = dataclasses.replace(cfg, offpolicy=dataclasses.replace(cfg.offpolicy, demo_data=source_demos(source)))
 
     env = make_env(env_cfg, device=device)
     check_policy_fits_env(source.spec, env.spec, str(source.path))

@@ -47,6 +47,9 @@ from robotft.rl.conservative import conservative_penalty
 from robotft.rl.q_ensemble import QEnsemble, polyak, subset_min
 from robotft.rl.replay import ChunkReplayBuffer, ReplayBatch
 
+SOURCE_DEMOS = "source"
+"""`offpolicy.demo_data` value naming the source checkpoint's own BC dataset (robotft.checkpoint.training_dataset)."""
+
 
 @dataclass
 class OffPolicyConfig:
@@ -101,7 +104,8 @@ class OffPolicyConfig:
     PORL's from-scratch Q."""
     demo_data: str = ""
     """A dataset store (demonstrations, or deployments recorded with `robotft deploy --record`) mixed into every
-    minibatch; empty: online data only."""
+    minibatch; `source`: the store the source checkpoint's policy was behaviour-cloned on (followed back through
+    fine-tuning runs; online data only where none is recorded); empty: online data only."""
     demo_ratio: float = 0.5
     """Fraction of each minibatch drawn from `demo_data` (RLPD's symmetric sampling: 0.5). 1 trains on the
     demonstrations alone: with `filtered_bc`, continued BC on the same update schedule, the control that tells what

@@ -6,6 +6,7 @@ ranks the demonstrations first at their true value."""
 import dataclasses
 import json
 import math
+import shutil
 import types
 
 import pytest
@@ -483,6 +484,38 @@ def test_cli_runs_an_offpolicy_algorithm_and_robotft_eval_loads_its_checkpoint(t
     assert main(["eval", str(out), "--episodes", "4", "--num-envs", "4", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["episodes"] == 4
+
+
+def test_filtered_bc_mixes_in_its_bcs_own_demonstrations_by_default(tmp_path, weak_gaussian_bc, toy_demos, capsys):
+    """`--algo filtered_bc` with no flags: the BC's dataset mixed in at 8 BC steps per collected chunk, recorded in the
+    run's config; a filtered-BC run from that run finds the same dataset through it; `--offpolicy.demo_data ''` turns
+    the mixing off; a source that records no dataset trains on online data only and says so."""
+    def finetune(source, out, *flags):
+        capsys.readouterr()
+        assert main(["finetune", "--from", str(source), "--algo", "filtered_bc", "--iterations", "1", "--out",
+                     str(out), "--env.num_envs", "4", "--offpolicy.steps_per_iter", "2", "--eval_episodes", "0",
+                     *flags]) == 0
+        run = json.loads((out / "config.json").read_text())["run"]["offpolicy"]
+        return run, capsys.readouterr().err
+
+    first, err = finetune(weak_gaussian_bc, tmp_path / "fbc")
+    assert first["demo_data"] == str(toy_demos) and first["utd"] == 8.0
+    assert "demonstrations: 100 episodes" in err and rows_trained(tmp_path / "fbc") == 8 * 4 * 2
+    second, _ = finetune(tmp_path / "fbc", tmp_path / "fbc2")
+    assert second["demo_data"] == str(toy_demos)
+    off, err = finetune(weak_gaussian_bc, tmp_path / "online", "--offpolicy.demo_data", "")
+    assert off["demo_data"] == "" and "demonstrations:" not in err
+    bare = tmp_path / "bare"
+    shutil.copytree(ckpt_io.resolve_checkpoint(weak_gaussian_bc), bare)
+    meta = json.loads((bare / "meta.json").read_text())
+    (bare / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "dataset"}))
+    none, err = finetune(bare, tmp_path / "none")
+    assert none["demo_data"] == "" and "no BC dataset is recorded" in err and str(bare) in err
+
+
+def rows_trained(run) -> int:
+    """BC steps the run took (filtered BC's `train/updates` at its last iteration)."""
+    return int([r for r in read_metrics(run) if "train/updates" in r][-1]["train/updates"])
 
 
 def test_demonstrations_from_a_store_feed_the_update_and_dsrl_sac_refuses_them(tmp_path, weak_gaussian_bc,
