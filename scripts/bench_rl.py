@@ -1,12 +1,14 @@
 """The fine-tuning benchmark on one task: success rate against env steps and against wall-clock for DPPO,
-ReinFlow, Flow-SDE, residual PPO and Gaussian PPO from the same BC checkpoints, and Gaussian PPO from scratch,
+ReinFlow, Flow-SDE, residual PPO and Gaussian PPO from the same BC checkpoints, Gaussian PPO from scratch, and the
+chain of filtered BC then residual PPO over it (`fbc_residual_ppo`, the method that doubled PegInsertionSide's BC),
 over several seeds. Everything runs through the real CLI with each algorithm's own defaults; the BC uses the
 task preset's recipe (controller, observation history, horizons, steps).
 
 Stages (each skipped when its output exists, so an interrupted benchmark continues where it stopped, and a
 larger `--iterations` extends finished runs):
   motion-planned demos → diffusion, flow and Gaussian BC (shared by every seed; residual PPO wraps the diffusion
-  BC in a zero residual itself) and a freshly initialised Gaussian policy → one fine-tuning run per method and seed → a final
+  BC in a zero residual itself), a freshly initialised Gaussian policy and, for the chain, one filtered-BC run from the
+  diffusion BC (`--fbc-iterations`, seed 0, shared by the chain's seeds) → one fine-tuning run per method and seed → a final
   evaluation of every BC and of every run's best checkpoint on `--final-episodes` (100) shared start states.
 Writes `<out>/bench_rl.json` (per-run curves, final evaluations with 95% CIs, each run's paired comparison with
 its BC on the same start states, the mean over seeds) and
@@ -38,14 +40,15 @@ from robotft.runlog import read_metrics  # noqa: E402
 
 BUDGETS = {
     "smoke": dict(demos=4, bc_steps=20, iterations=1, num_envs=1, steps_per_iter=5, eval_episodes=2, eval_every=1,
-                  final_episodes=2, sim_backend="physx_cpu", device="cpu"),
+                  final_episodes=2, sim_backend="physx_cpu", device="cpu", fbc_iterations=1),
     "cpu": dict(demos=200, bc_steps=0, iterations=40, num_envs=4, steps_per_iter=0, eval_episodes=50,
-                eval_every=10, final_episodes=100, sim_backend="physx_cpu", device="cpu"),
+                eval_every=10, final_episodes=100, sim_backend="physx_cpu", device="cpu", fbc_iterations=1000),
     "gpu": dict(demos=200, bc_steps=0, iterations=100, num_envs=256, steps_per_iter=25, eval_episodes=256,
-                eval_every=10, final_episodes=256, sim_backend="physx_cuda", device="cuda"),
+                eval_every=10, final_episodes=256, sim_backend="physx_cuda", device="cuda", fbc_iterations=20),
 }
 """`--budget` presets; any single flag overrides its field. `bc_steps` 0 takes the task recipe's, `steps_per_iter`
-0 each algorithm's own."""
+0 each algorithm's own. `fbc_iterations`: the chain's filtered-BC stage (4 chunks per env each; 1000 on 4 CPU envs is
+the 128k env steps measured on PegInsertionSide)."""
 
 METHODS = {
     "dppo": ("dppo", "diffusion_bc"),
@@ -54,8 +57,10 @@ METHODS = {
     "residual_ppo": ("residual_ppo", "diffusion_bc"),
     "ppo_bc": ("ppo", "gaussian_bc"),
     "ppo_scratch": ("ppo", "gaussian_init"),
+    "fbc_residual_ppo": ("residual_ppo", "filtered_bc"),
 }
-"""Method → (`--algo`, the checkpoint it starts from). Gaussian PPO runs from its BC and from scratch."""
+"""Method → (`--algo`, the checkpoint it starts from). Gaussian PPO runs from its BC and from scratch; the chain's
+residual PPO from the filtered BC of the diffusion BC."""
 
 
 def _parse() -> argparse.Namespace:
@@ -90,10 +95,10 @@ def _sources(args: argparse.Namespace, out: Path, stages: dict, needed: set[str]
                               str(demos), "--seed", "0"], stages)
     common = ["--env", args.env, "--data", str(demos), "--train.eval_episodes", "0", "--train.device", args.device]
     steps = ["--steps", str(args.bc_steps)] if args.bc_steps else []
-    paths = {name: out / name for name in ("diffusion_bc", "flow_bc", "gaussian_bc", "gaussian_init")}
+    paths = {name: out / name for name in ("diffusion_bc", "flow_bc", "gaussian_bc", "gaussian_init", "filtered_bc")}
     for name, policy in (("diffusion_bc", "diffusion_mlp"), ("flow_bc", "flow_transformer"),
                          ("gaussian_bc", "gaussian_mlp")):
-        if name in needed:
+        if name in needed or (name == "diffusion_bc" and "filtered_bc" in needed):
             _once(paths[name], f"pretrain_{name}",
                   ["pretrain", *common, "--policy", policy, *steps, "--out", str(paths[name])], stages)
     # Gaussian PPO from scratch: fresh weights; the demos only provide the normalizer's statistics.
@@ -101,6 +106,12 @@ def _sources(args: argparse.Namespace, out: Path, stages: dict, needed: set[str]
         _once(paths["gaussian_init"], "gaussian_init",
               ["pretrain", *common, "--policy", "gaussian_mlp", "--steps", "1", "--train.lr", "0", "--out",
                str(paths["gaussian_init"])], stages)
+    # The chain's first stage: filtered BC with its defaults (the BC's demonstrations mixed in) from the diffusion BC.
+    if "filtered_bc" in needed:
+        fbc = ["finetune", "--from", str(paths["diffusion_bc"]), "--algo", "filtered_bc", "--out", str(paths["filtered_bc"]),
+               "--iterations", str(args.fbc_iterations), "--env.num_envs", str(args.num_envs), "--env.sim_backend",
+               args.sim_backend, "--device", args.device, "--eval_episodes", "0", "--seed", "0"]
+        _finetune(fbc, "filtered_bc", paths["filtered_bc"], args.fbc_iterations, stages)
     return paths
 
 
