@@ -58,11 +58,12 @@ ALGORITHMS = {
     "dsrl": ["--algo", "dsrl", "--policy.sampler", "ddim"],
     "pa_rl": ["--algo", "pa_rl"],
     "residual_sac": ["--algo", "residual_sac"],
-    "filtered_bc": ["--algo", "filtered_bc"],
+    "filtered_bc": ["--algo", "filtered_bc", "--offpolicy.demo_data", ""],
     "filtered_bc_demos": ["--algo", "filtered_bc", *MIXED_DEMOS],
     "continued_bc": ["--algo", "filtered_bc", *MIXED_DEMOS, "--offpolicy.demo_ratio", "1"],
 }
 """Method → its flags (they override the budget's); every run starts from the task's diffusion BC checkpoint.
+`filtered_bc` trains on its successful rollouts alone (its default mixes the BC's demonstrations in);
 `filtered_bc_demos` mixes the demonstrations into filtered BC's minibatches with 8 BC steps per collected chunk;
 `continued_bc` takes the same steps on the demonstrations alone, the control that tells what the rollouts add to
 an under-trained BC."""
