@@ -61,37 +61,33 @@ def test_a_closed_loop_policy_runs_receding_horizon_one_action_per_query(tmp_pat
         executor_for(fixed, closed.config)
 
 
-class Recording(torch.nn.Module):
-    """A policy that records the actions it hands the rig to execute (the first `act_steps` of each chunk)."""
-
-    def __init__(self, policy) -> None:
-        super().__init__()
-        self.policy, self.config, self.executed = policy, policy.config, []
-
-    def predict_chunk(self, obs, deterministic=True):
-        chunk = self.policy.predict_chunk(obs, deterministic)
-        self.executed.extend(chunk[0, : self.config.act_steps])
-        return chunk
-
-
 def test_a_zero_closed_loop_residual_replays_its_base_on_the_sim_rig(tmp_path):
     """Lock-step on the simulated rig: the base executing 4 of each 8-step chunk, and a zero-initialised closed-loop
-    residual over it (the base re-planning every 4 steps from the anchors, the residual queried every step), execute
-    the same actions bit for bit and end every episode in the same state."""
+    residual over it (the base re-planning every 4 steps from the anchors, the residual queried every step), send the
+    arm the same targets bit for bit and end every episode in the same state."""
     from robotft.real_robot.lockstep import make_lockstep_robot, run_lockstep
 
+    torch.manual_seed(0)  # the tiny BC's initial weights, whatever ran before in this process
     base, ckpt = load_policy(make_checkpoint(tmp_path / "base"))
     closed, _ = load_policy(closed_loop_checkpoint(tmp_path / "base", tmp_path / "closed"))
     assert closed.config.plan_every == base.config.act_steps == 4 and closed.config.act_steps == 1
     rig = load_rig("sim_franka")
     robot = make_lockstep_robot(rig)
-    policies = [Recording(base), Recording(closed)]
+    sent, send = [], robot.send_action
+    robot.send_action = lambda command: sent.append(command) or send(command)
+    targets = []
     with robot:
-        runs = [run_lockstep(p, ckpt.spec, rig, robot, episodes=2, max_steps=24, seed=3) for p in policies]
-    assert [e.steps for e in runs[0]] == [24, 24]  # the tiny BC never succeeds: two full episodes each
-    assert [dataclasses.asdict(e) for e in runs[0]] == [dataclasses.asdict(e) for e in runs[1]]
-    executed = [torch.stack(p.executed) for p in policies]
-    assert executed[0].shape == executed[1].shape == (48, 7)
-    assert torch.equal(executed[0], executed[1])
-    # Not a constant: the base re-plans from what it observes, and each plan differs.
-    assert (executed[0][4:8] - executed[0][:4]).abs().max() > 0
+        for policy in (base, closed):
+            sent.clear()
+            episodes = run_lockstep(policy, ckpt.spec, rig, robot, episodes=2, max_steps=24, seed=3)
+            targets.append([(c.ee_pos, c.ee_quat, c.gripper_width) for c in sent])
+            if policy is base:
+                first = episodes
+    assert [dataclasses.asdict(e) for e in first] == [dataclasses.asdict(e) for e in episodes]
+    steps = [e.steps for e in first]
+    assert max(steps) > 8, steps  # at least one episode re-planned twice
+    assert len(targets[0]) == len(targets[1]) == sum(steps)
+    for ours, theirs in zip(*targets, strict=True):
+        assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1]) and ours[2] == theirs[2]
+    # The arm moved: the base re-plans from what it observes.
+    assert np.abs(targets[0][-1][0] - targets[0][0][0]).max() > 1e-3
