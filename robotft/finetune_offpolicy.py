@@ -57,11 +57,19 @@ def make_q_ensemble(policy: Policy, spec: EnvSpec, algo: OffPolicyAlgorithm, cfg
 
 def source_demos(source: ckpt_io.Checkpoint) -> str:
     """`offpolicy.demo_data source`: the dataset store `source`'s policy was behaviour-cloned on, or "" (online
-    data only, said on stderr) where none is recorded or it no longer exists."""
+    data only, said on stderr) where none is recorded, it no longer exists, or it records no outcome to learn from
+    (neither `reward` nor `success`)."""
+    from robotft.datasets.store import ReplayBuffer
+
     store = ckpt_io.training_dataset(source)
-    if store and Path(store).exists():
+    if not store:
+        why = "no BC dataset is recorded for it"
+    elif not Path(store).exists():
+        why = f"its dataset {store} does not exist here"
+    elif not {"reward", "success"} & set(ReplayBuffer.open(store).features):
+        why = f"its dataset {store} has neither a 'reward' nor a 'success' key"
+    else:
         return store
-    why = f"its dataset {store} does not exist here" if store else "no BC dataset is recorded for it"
     print(f"offpolicy.demo_data source: {source.path}: {why}; training on online data only (pass "
           "--offpolicy.demo_data STORE to mix demonstrations in)", file=sys.stderr)
     return ""

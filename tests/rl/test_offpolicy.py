@@ -9,6 +9,7 @@ import math
 import shutil
 import types
 
+import numpy as np
 import pytest
 import torch
 from tiny_specs import tiny_spec_and_normalizer
@@ -17,9 +18,11 @@ from robotft import checkpoint as ckpt_io
 from robotft.cli import main
 from robotft.config import EnvConfig
 from robotft.datasets.normalizer import Normalizer
+from robotft.datasets.store import DatasetWriter
 from robotft.envs.chunked import ChunkedEnv
 from robotft.envs.factory import make_env
 from robotft.finetune import FinetuneConfig, run_finetune
+from robotft.finetune_offpolicy import source_demos
 from robotft.policies.base import Policy
 from robotft.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
 from robotft.policies.flow import FlowPolicy, FlowPolicyConfig
@@ -34,6 +37,7 @@ from robotft.rl.q_ensemble import QEnsemble
 from robotft.rl.replay import ChunkReplayBuffer, ReplayBatch
 from robotft.rl.residual_sac import BaseChunkMemo, ResidualSAC, ResidualSACConfig
 from robotft.runlog import read_metrics
+from robotft.specs import FeatureSpec
 
 TOY_NAV2D = EnvConfig(type="toy", task="nav2d", num_envs=50, max_episode_steps=40, control_mode="velocity_2d",
                       reward_mode="dense", control_hz=10.0)
@@ -511,6 +515,15 @@ def test_filtered_bc_mixes_in_its_bcs_own_demonstrations_by_default(tmp_path, we
     (bare / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "dataset"}))
     none, err = finetune(bare, tmp_path / "none")
     assert none["demo_data"] == "" and "no BC dataset is recorded" in err and str(bare) in err
+    # A store without outcomes (neither `reward` nor `success`) cannot feed filtered BC: online data only, said.
+    plain = tmp_path / "plain.zarr"
+    with DatasetWriter(plain, {"state": FeatureSpec("state", (4,), "float32"),
+                               "action": FeatureSpec("action", (2,), "float32")}, fps=10.0) as writer:
+        writer.add_episode({"state": np.zeros((5, 4), np.float32), "action": np.zeros((5, 2), np.float32)})
+    (bare / "meta.json").write_text(json.dumps({**meta, "dataset": str(plain)}))
+    capsys.readouterr()
+    assert source_demos(ckpt_io.read_checkpoint(bare)) == ""
+    assert "neither a 'reward' nor a 'success' key" in capsys.readouterr().err
 
 
 def rows_trained(run) -> int:
