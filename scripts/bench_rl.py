@@ -96,9 +96,11 @@ def _sources(args: argparse.Namespace, out: Path, stages: dict, needed: set[str]
     common = ["--env", args.env, "--data", str(demos), "--train.eval_episodes", "0", "--train.device", args.device]
     steps = ["--steps", str(args.bc_steps)] if args.bc_steps else []
     paths = {name: out / name for name in ("diffusion_bc", "flow_bc", "gaussian_bc", "gaussian_init", "filtered_bc")}
+    if "filtered_bc" in needed:  # the chain's first stage starts from the diffusion BC
+        needed = needed | {"diffusion_bc"}
     for name, policy in (("diffusion_bc", "diffusion_mlp"), ("flow_bc", "flow_transformer"),
                          ("gaussian_bc", "gaussian_mlp")):
-        if name in needed or (name == "diffusion_bc" and "filtered_bc" in needed):
+        if name in needed:
             _once(paths[name], f"pretrain_{name}",
                   ["pretrain", *common, "--policy", policy, *steps, "--out", str(paths[name])], stages)
     # Gaussian PPO from scratch: fresh weights; the demos only provide the normalizer's statistics.

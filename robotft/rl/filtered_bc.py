@@ -43,7 +43,7 @@ class FilteredBC(OffPolicyAlgorithm):
     uses_critic = False
     only_successful = True
     # Measured on PushCube, PickPlaceCan and PegInsertionSide (docs/offpolicy.md): with the BC's demonstrations
-    # mixed in and 8 BC steps per collected chunk it gains where one step per chunk without them did not.
+    # mixed in and 8 BC steps per collected chunk it gained; with one step per chunk it did not move PushCube.
     offpolicy_defaults: ClassVar[dict[str, Any]] = {"demo_data": SOURCE_DEMOS, "utd": 8.0}
 
     def __init__(self, policy: Policy, cfg: FilteredBCConfig) -> None:
