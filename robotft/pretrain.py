@@ -230,6 +230,8 @@ def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, overw
         ckpt_io.atomic_write_text(out / "config.json",
                                   json.dumps({"run": run_config, "policy": to_dict(policy.config)}, indent=2))
 
+    dataset_path = str(Path(cfg.data).resolve())
+
     def save(step: int, metrics: dict[str, Any]) -> None:
         ckpt_io.save_run_checkpoint(
             out,
@@ -237,7 +239,8 @@ def _pretrain(cfg: PretrainConfig, policy_cfg: PolicyConfig, resume: bool, overw
             model_state=policy.export_state_dict(),
             config={"policy": to_dict(policy.config), "env": env_dict, "spec": spec.to_dict(), "run": run_config},
             normalizer=normalizer,
-            meta={"stage": "pretrain", "step": step, "env_steps": 0, "metrics": metrics, "dataset": str(cfg.data)},
+            # The dataset's absolute path: a fine-tuning run started elsewhere finds it (training_dataset).
+            meta={"stage": "pretrain", "step": step, "env_steps": 0, "metrics": metrics, "dataset": dataset_path},
             training_state={
                 "policy": policy.state_dict(),
                 "optimizer": optimizer.state_dict(),

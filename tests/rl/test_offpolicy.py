@@ -6,8 +6,10 @@ ranks the demonstrations first at their true value."""
 import dataclasses
 import json
 import math
+import os
 import shutil
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -524,6 +526,31 @@ def test_filtered_bc_mixes_in_its_bcs_own_demonstrations_by_default(tmp_path, we
     capsys.readouterr()
     assert source_demos(ckpt_io.read_checkpoint(bare)) == ""
     assert "neither a 'reward' nor a 'success' key" in capsys.readouterr().err
+
+
+def test_filtered_bc_finds_the_bcs_dataset_from_any_directory(tmp_path, toy_demos, monkeypatch, capsys):
+    """Pretrain given a relative `--data`, then fine-tuning runs started from other directories (one of them from a
+    relative `--from`): each finds the BC's dataset through the recorded chain of runs."""
+    lab, elsewhere, third = (tmp_path / name for name in ("lab", "elsewhere", "third"))
+    for folder in (lab, elsewhere, third):
+        folder.mkdir()
+    monkeypatch.chdir(lab)
+    assert main(["pretrain", "--env", "toy/nav2d", "--policy", "gaussian_mlp", "--data",
+                 os.path.relpath(toy_demos, lab), "--steps", "20", "--out", "bc", "--train.eval_episodes", "0",
+                 "--policy.hidden_dims", "16"]) == 0
+
+    def demo_data(source, out):
+        assert main(["finetune", "--from", str(source), "--algo", "filtered_bc", "--iterations", "1", "--out", out,
+                     "--env.num_envs", "2", "--offpolicy.steps_per_iter", "1", "--eval_episodes", "0"]) == 0
+        return json.loads((Path(out) / "config.json").read_text())["run"]["offpolicy"]["demo_data"]
+
+    monkeypatch.chdir(elsewhere)
+    assert demo_data(lab / "bc", "fbc") == str(toy_demos.resolve())
+    monkeypatch.chdir(third)
+    assert demo_data(os.path.relpath(elsewhere / "fbc", third), "fbc2") == str(toy_demos.resolve())
+    monkeypatch.chdir(tmp_path)
+    assert demo_data(third / "fbc2", "fbc3") == str(toy_demos.resolve())
+    assert "no BC dataset" not in capsys.readouterr().err
 
 
 def rows_trained(run) -> int:
