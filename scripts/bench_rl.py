@@ -1,17 +1,19 @@
 """The fine-tuning benchmark on one task: success rate against env steps and against wall-clock for DPPO,
 ReinFlow, Flow-SDE, residual PPO and Gaussian PPO from the same BC checkpoints, Gaussian PPO from scratch, and the
-chain of filtered BC then residual PPO over it (`fbc_residual_ppo`, the method that doubled PegInsertionSide's BC),
-over several seeds. Everything runs through the real CLI with each algorithm's own defaults; the BC uses the
-task preset's recipe (controller, observation history, horizons, steps).
+chains of filtered BC then residual PPO over it (`fbc_residual_ppo`, open loop, the method that doubled
+PegInsertionSide's BC, and `fbc_residual_ppo_step`, the closed loop), over several seeds. Everything runs through
+the real CLI with each algorithm's own defaults; the BC uses the task preset's recipe (controller, observation
+history, horizons, steps).
 
 Stages (each skipped when its output exists, so an interrupted benchmark continues where it stopped, and a
 larger `--iterations` extends finished runs):
   motion-planned demos → diffusion, flow and Gaussian BC (shared by every seed; residual PPO wraps the diffusion
-  BC in a zero residual itself), a freshly initialised Gaussian policy and, for the chain, one filtered-BC run from the
-  diffusion BC (`--fbc-iterations`, seed 0, shared by the chain's seeds) → one fine-tuning run per method and seed → a final
-  evaluation of every BC and of every run's best checkpoint on `--final-episodes` (100) shared start states.
+  BC in a zero residual itself), a freshly initialised Gaussian policy and, for the chains, one filtered-BC run
+  from the diffusion BC (`--fbc-iterations`, seed 0, shared by both chains and their seeds) → one fine-tuning run
+  per method and seed → a final evaluation of every BC and of every run's best checkpoint on `--final-episodes`
+  (100) shared start states.
 Writes `<out>/bench_rl.json` (per-run curves, final evaluations with 95% CIs, each run's paired comparison with
-its BC on the same start states, the mean over seeds) and
+its BC on the same start states (a chain's: the diffusion BC it started from), the mean over seeds) and
 `<out>/bench_rl.png` (success vs env steps and vs wall-clock, with 95% CI bands of the seeds' pooled
 episodes), and prints the README table.
 
@@ -58,9 +60,13 @@ METHODS = {
     "ppo_bc": ("ppo", "gaussian_bc"),
     "ppo_scratch": ("ppo", "gaussian_init"),
     "fbc_residual_ppo": ("residual_ppo", "filtered_bc"),
+    "fbc_residual_ppo_step": ("residual_ppo_step", "filtered_bc"),
 }
-"""Method → (`--algo`, the checkpoint it starts from). Gaussian PPO runs from its BC and from scratch; the chain's
-residual PPO from the filtered BC of the diffusion BC."""
+"""Method → (`--algo`, the checkpoint it starts from). Gaussian PPO runs from its BC and from scratch; the chains'
+residual PPO (open loop, and closed loop: `residual_ppo_step`) from the filtered BC of the diffusion BC."""
+
+BASELINE = {"filtered_bc": "diffusion_bc"}
+"""A chain's run is compared with the BC its chain started from, not with its intermediate stage."""
 
 
 def _parse() -> argparse.Namespace:
@@ -231,8 +237,8 @@ def main() -> None:
         curves = {seed: _curve(run) for seed, run in runs.items()}
         finals = {seed: _final_eval(args, run / "best", stages) for seed, run in runs.items()}
         reward = json.loads((runs[seeds[0]] / "config.json").read_text())["run"]["env"]["reward_mode"]
-        bc = _final_eval(args, sources[source], stages)
-        summary[method] = {"algo": algo, "source": source, "bc": bc, "curves": curves, "final_best": finals,
+        bc = _final_eval(args, sources[BASELINE.get(source, source)], stages)
+        summary[method] = {"algo": algo, "source": source, "baseline": BASELINE.get(source, source), "bc": bc, "curves": curves, "final_best": finals,
                            "vs_bc": {seed: _vs_bc(final, bc) for seed, final in finals.items()},
                            "reward_mode": reward, "commands": commands,
                            "mean_curve": _mean_curve(list(curves.values()), args.eval_episodes)}
