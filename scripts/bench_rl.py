@@ -237,8 +237,10 @@ def main() -> None:
         curves = {seed: _curve(run) for seed, run in runs.items()}
         finals = {seed: _final_eval(args, run / "best", stages) for seed, run in runs.items()}
         reward = json.loads((runs[seeds[0]] / "config.json").read_text())["run"]["env"]["reward_mode"]
-        bc = _final_eval(args, sources[BASELINE.get(source, source)], stages)
-        summary[method] = {"algo": algo, "source": source, "baseline": BASELINE.get(source, source), "bc": bc, "curves": curves, "final_best": finals,
+        baseline = BASELINE.get(source, source)
+        bc = _final_eval(args, sources[baseline], stages)
+        summary[method] = {"algo": algo, "source": source, "baseline": baseline, "bc": bc, "curves": curves,
+                           "final_best": finals,
                            "vs_bc": {seed: _vs_bc(final, bc) for seed, final in finals.items()},
                            "reward_mode": reward, "commands": commands,
                            "mean_curve": _mean_curve(list(curves.values()), args.eval_episodes)}
