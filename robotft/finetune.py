@@ -198,7 +198,8 @@ def load_start(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, res
         print(f"--resume: no checkpoint in {out} yet, starting from {cfg.source}", file=sys.stderr)
     source = ckpt_io.read_checkpoint(previous if resuming else cfg.source)
     # Absolute, so that a later run started from another directory still follows the chain back (training_dataset).
-    origin = source.meta.get("source", str(source.path.resolve())) if resuming else str(source.path.resolve())
+    started_from = str(source.path.resolve())
+    origin = source.meta.get("source", started_from) if resuming else started_from
     cfg = dataclasses.replace(cfg, env=cfg.env or source.env_config())
     if cfg.env is None:
         raise ValueError(f"{source.path}: was trained without a simulator (no env in config.json); set the run's env")
