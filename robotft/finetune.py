@@ -303,6 +303,7 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
             threads = update_threads(cfg.update_threads)  # resolved once: a bad $ROBOTFT_UPDATE_THREADS fails here
             bar = progress_bar(range(ppo.iteration, cfg.rl.iterations), desc=f"finetune[{cfg.algo}]",
                                initial=ppo.iteration, total=cfg.rl.iterations, disable=not ctx.is_main)
+            warned_kl_stop = False  # once per run: the metric train/actor_steps records every iteration
             for _ in bar:
                 buf, next_value, stats = ppo.collect() if collector is None else collector.collect(ppo)
                 warning = start_rollouts.observe(ppo.iteration, stats.successes, stats.episodes, ppo.algo)
@@ -315,6 +316,9 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                 update_s = time.perf_counter() - t0
                 if update["actor_skipped_no_signal"] and ctx.is_main:
                     tqdm.write(no_signal_message(ppo.iteration, stats.signal), file=sys.stderr)
+                if not warned_kl_stop and ctx.is_main and (warning := kl_stop_message(ppo.iteration, update, cfg.rl)):
+                    tqdm.write(warning, file=sys.stderr)
+                    warned_kl_stop = True
                 log.log(ppo.env_steps, iteration_scalars(update, stats, kl_to_base, update_s, ppo.env_steps,
                                                          wall_seconds()))
                 last = ppo.iteration == cfg.rl.iterations
@@ -391,6 +395,19 @@ def no_signal_message(iteration: int, rollout_signal: bool) -> str:
                 "so no learning signal: the actor was not updated (rl.skip_no_signal)")
     return (f"iteration {iteration}: no success and a constant reward in the rollout, so no learning signal: the "
             "actor was not updated (rl.skip_no_signal); consider a dense reward or a stronger starting policy")
+
+
+def kl_stop_message(iteration: int, update: dict[str, float], rl: PPOConfig) -> str | None:
+    """A warning when iteration `iteration`'s update stopped at `rl.target_kl` after at most one actor step: a
+    single step at `rl.actor_lr` already moves the policy past the KL limit, so each update is one minibatch's
+    gradient step and the rest of the rollout goes unused (a BC policy with a small exploration std does this
+    at learning rates sized for a policy trained from scratch)."""
+    if not update.get("kl_early_stop") or update.get("actor_steps", 0) > 1:
+        return None
+    return (f"iteration {iteration}: the update stopped at the KL limit (rl.target_kl {rl.target_kl:g}; the stopping "
+            f"minibatch's KL {update['stop_kl']:.3g}) after {update['actor_steps']:.0f} actor step(s) of a possible "
+            f"{rl.update_epochs} epochs: one step at rl.actor_lr {rl.actor_lr:g} moves this policy past the limit; "
+            "a smaller rl.actor_lr lets an update use its rollout (train/actor_steps records each iteration)")
 
 
 def iteration_scalars(update: dict[str, float], stats: Any, kl_to_base: float, update_seconds: float,

@@ -365,6 +365,7 @@ class PPO:
         # random crops, a different distribution than the one the old log-probabilities came from.
         self.algo.policy.eval()
         stop = False
+        actor_steps = 0
         # Without a critic (group-relative advantages) a skipped actor leaves nothing to train.
         for _epoch in range(cfg.update_epochs if train_critic or train_actor else 0):
             perm = torch.randperm(n, device=self.device)
@@ -388,8 +389,12 @@ class PPO:
                     loss = loss + pg_loss + extra
                     step_metrics.update(pg_metrics, **extra_metrics)
                     # Every rank stops on the same minibatch: the KL of the global minibatch decides.
-                    if cfg.target_kl > 0 and self.dist.mean(kl) > cfg.target_kl:
+                    batch_kl = self.dist.mean(kl)
+                    if cfg.target_kl > 0 and batch_kl > cfg.target_kl:
+                        # The stopping minibatch takes no step, so its KL is not in the averages below; it is
+                        # what tells a user why an update ended after a few steps.
                         stop = True
+                        metrics["stop_kl"] = [batch_kl]
                         break
                 self.actor_opt.zero_grad(set_to_none=True)
                 self.critic_opt.zero_grad(set_to_none=True)
@@ -402,6 +407,7 @@ class PPO:
                         nn.utils.clip_grad_norm_(algo.actor_parameters(), cfg.max_grad_norm)
                     )
                     self.actor_opt.step()
+                    actor_steps += 1
                 for k, v in step_metrics.items():
                     metrics.setdefault(k, []).append(v)
             if stop:
@@ -412,6 +418,7 @@ class PPO:
             out["explained_variance"] = explained_variance(buf.values.reshape(-1), returns)
         out["kl_early_stop"] = float(stop)
         out["actor_trained"] = float(train_actor)
+        out["actor_steps"] = float(actor_steps)
         out["actor_skipped_no_signal"] = float(skipped_no_signal)
         if informative is not None:
             out["informative_fraction"] = informative

@@ -10,6 +10,7 @@ from robotft.config import EnvConfig
 from robotft.datasets.normalizer import Normalizer
 from robotft.envs.chunked import ChunkedEnv
 from robotft.envs.factory import make_env
+from robotft.finetune import kl_stop_message
 from robotft.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
 from robotft.rl.critic import ValueCritic
 from robotft.rl.dppo import DPPO, DPPOConfig
@@ -59,6 +60,26 @@ def test_kl_early_stop_stops_the_epoch_loop():
     ppo.update(*ppo.collect()[:2])  # first update moves the policy away from the rollout's
     metrics = ppo.update(*ppo.collect()[:2])
     assert metrics["kl_early_stop"] == 1.0
+    # The stopping minibatch takes no step; its KL, above the limit, is what the log shows as the reason.
+    assert metrics["stop_kl"] > 1e-12
+    assert metrics["actor_steps"] < 50 * 3
+
+
+def test_actor_steps_counts_every_minibatch_step_without_a_stop():
+    ppo, _ = _setup(critic_warmup_iters=0, update_epochs=2, target_kl=0.0)
+    metrics = ppo.update(*ppo.collect()[:2])  # 6 steps x 8 envs = 48 chunks, minibatches of 16
+    assert metrics["actor_steps"] == 2 * 3 and metrics["kl_early_stop"] == 0.0 and "stop_kl" not in metrics
+    assert kl_stop_message(1, metrics, ppo.cfg) is None
+
+
+def test_an_update_stopped_after_one_step_warns_and_names_the_learning_rate():
+    """One step at a large learning rate already passes the KL limit: the rest of the rollout goes unused."""
+    ppo, _ = _setup(critic_warmup_iters=0, update_epochs=4, target_kl=1e-6, actor_lr=0.5)
+    metrics = ppo.update(*ppo.collect()[:2])
+    assert metrics["kl_early_stop"] == 1.0 and metrics["actor_steps"] <= 1
+    message = kl_stop_message(7, metrics, ppo.cfg)
+    assert message is not None and "iteration 7" in message and "rl.actor_lr 0.5" in message
+    assert "rl.target_kl 1e-06" in message
 
 
 @pytest.mark.parametrize("clip_value", [0.0, 0.1])
