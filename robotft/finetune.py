@@ -405,9 +405,10 @@ def kl_stop_message(iteration: int, update: dict[str, float], rl: PPOConfig) -> 
     if not update.get("kl_early_stop") or update.get("actor_steps", 0) > 1:
         return None
     return (f"iteration {iteration}: the update stopped at the KL limit (rl.target_kl {rl.target_kl:g}; the stopping "
-            f"minibatch's KL {update['stop_kl']:.3g}) after {update['actor_steps']:.0f} actor step(s) of a possible "
-            f"{rl.update_epochs} epochs: one step at rl.actor_lr {rl.actor_lr:g} moves this policy past the limit; "
-            "a smaller rl.actor_lr lets an update use its rollout (train/actor_steps records each iteration)")
+            f"minibatch's KL {update['stop_kl']:.3g}) after {update['actor_steps']:.0f} actor step(s) "
+            f"(rl.update_epochs {rl.update_epochs}): one step at rl.actor_lr {rl.actor_lr:g} moves this policy past the limit; "
+            "a smaller rl.actor_lr or a larger rl.target_kl lets an update use more of its rollout "
+            "(train/actor_steps records each iteration)")
 
 
 def iteration_scalars(update: dict[str, float], stats: Any, kl_to_base: float, update_seconds: float,
