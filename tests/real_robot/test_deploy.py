@@ -298,12 +298,14 @@ def test_deploy_runs_a_closed_loop_residual_with_one_action_per_query(cli, check
     ckpt = closed_loop_checkpoint(checkpoint, tmp_path / "closed_loop")
     rec = tmp_path / "deploy" / "rec.zarr"
     proc = cli.run("deploy", ckpt, "--rig", "sim_franka", "--no-operator", "--episodes", "1", "--record", rec,
-                   "--episode-time", "1.5", cwd=tmp_path)
+                   "--episode-time", "3", cwd=tmp_path)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["scored"] == 1 and summary["executor"] == "receding_horizon"
     report = json.loads((tmp_path / "deploy" / "latency.json").read_text())
     executed = ReplayBuffer.open(rec).episode(0)["action"].shape[0]
-    assert executed >= 10 and report["inference_ms"]["count"] == executed  # one query per executed action
+    # One query per executed action: with two or more actions a query per chunk would count fewer. The episode
+    # is wall-clock time, so a loaded machine executes fewer ticks (2 of 1.5 s worth beside two training runs).
+    assert executed >= 2 and report["inference_ms"]["count"] == executed
     proc = cli.run("deploy", ckpt, "--rig", "sim_franka", "--no-operator", "--executor", "async", "--record",
                    tmp_path / "r.zarr", cwd=tmp_path, expect_rc=1)
     assert "--executor async" in proc.stderr and "closed-loop residual" in proc.stderr
