@@ -316,8 +316,9 @@ def _finetune(cfg: FinetuneConfig, policy_overrides: dict[str, str] | None, resu
                 update_s = time.perf_counter() - t0
                 if update["actor_skipped_no_signal"] and ctx.is_main:
                     tqdm.write(no_signal_message(ppo.iteration, stats.signal), file=sys.stderr)
-                if not warned_kl_stop and ctx.is_main and (warning := kl_stop_message(ppo.iteration, update, cfg.rl)):
-                    tqdm.write(warning, file=sys.stderr)
+                kl_warning = kl_stop_message(ppo.iteration, update, cfg.rl)
+                if kl_warning and not warned_kl_stop and ctx.is_main:
+                    tqdm.write(kl_warning, file=sys.stderr)
                     warned_kl_stop = True
                 log.log(ppo.env_steps, iteration_scalars(update, stats, kl_to_base, update_s, ppo.env_steps,
                                                          wall_seconds()))
@@ -406,8 +407,8 @@ def kl_stop_message(iteration: int, update: dict[str, float], rl: PPOConfig) -> 
         return None
     return (f"iteration {iteration}: the update stopped at the KL limit (rl.target_kl {rl.target_kl:g}; the stopping "
             f"minibatch's KL {update['stop_kl']:.3g}) after {update['actor_steps']:.0f} actor step(s) "
-            f"(rl.update_epochs {rl.update_epochs}): one step at rl.actor_lr {rl.actor_lr:g} moves this policy past the limit; "
-            "a smaller rl.actor_lr or a larger rl.target_kl lets an update use more of its rollout "
+            f"(rl.update_epochs {rl.update_epochs}): one step at rl.actor_lr {rl.actor_lr:g} moves this policy past "
+            "the limit; a smaller rl.actor_lr or a larger rl.target_kl lets an update use more of its rollout "
             "(train/actor_steps records each iteration)")
 
 
