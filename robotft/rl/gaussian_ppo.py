@@ -1,9 +1,11 @@
-"""PPO on a Gaussian MLP policy (Schulman et al. 2017, arXiv 1707.06347; CleanRL's `ppo_continuous_action`).
+"""PPO on a Gaussian MLP policy (Schulman et al. 2017, arXiv 1707.06347; CleanRL's `ppo_continuous_action`;
+DPPO's Gaussian baseline, Ren et al. 2024).
 
 One action is one chunk a ~ N(μ_θ(o), diag(σ²)); it is scored as K = 1 transition whose log-density is the
-exact diagonal-Gaussian one summed over the executed `act_steps × act_dim` entries (the rest of the chunk
-never reaches the env, so it would only add noise to the ratio). The actor loss adds an entropy bonus
--c_H · H[π(· | o)] over the same entries. The whole policy (mean MLP and log σ) trains.
+diagonal-Gaussian one over the executed `act_steps × act_dim` entries (the rest of the chunk never reaches the
+env, so it would only add noise to the ratio): averaged per entry by default, as DPPO's Gaussian baseline does
+when it fine-tunes a BC, or summed (the exact joint density, CleanRL's, `--rl.logprob_reduction sum`). The actor
+loss adds an entropy bonus -c_H · H[π(· | o)] over the same entries. The whole policy (mean MLP and log σ) trains.
 
 From scratch: `robotft finetune` starts from a checkpoint, and `robotft pretrain --policy gaussian_mlp
 --steps 1 --train.lr 0` writes one with freshly initialised weights (the first step of the LR warm-up has a
@@ -43,25 +45,20 @@ class EntropyBonusConfig(Protocol):
 
 class GaussianChunkPPO(Algorithm):
     """PPO over a policy whose chunk is one diagonal-Gaussian draw with σ shared by its H steps (the Gaussian
-    MLP; the residual of residual PPO): scored as K = 1 transition, the exact log-density summed over the
-    executed `act_steps × act_dim` entries, with an entropy bonus over the same entries."""
+    MLP; the residual of residual PPO): scored as K = 1 transition, the log-density of the executed
+    `act_steps × act_dim` entries summed or averaged (`rl.logprob_reduction`), with an entropy bonus over the
+    same entries."""
 
     cfg: EntropyBonusConfig
     logprob_reduction = "sum"
-    rl_defaults: ClassVar[dict[str, Any]] = {
-        "logprob_reduction": "sum", "clip_eps": 0.2, "actor_lr": 3e-4, "critic_lr": 3e-4, "update_epochs": 4,
-        "target_kl": 0.1,
-    }
-    """CleanRL's `ppo_continuous_action` and ManiSkill's PPO baseline: the exact joint log-density, clip 0.2,
-    learning rate 3e-4, 4 epochs, KL early stop at 0.1."""
 
     @abc.abstractmethod
     def elementwise_logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
         """`[N, H, A]` per-entry log-densities of the stored Gaussian draw."""
 
     def logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
-        """`[N, 1]`: the log-density of the executed `act_steps × act_dim` entries, summed (the exact joint,
-        the default) or averaged (`rl.logprob_reduction`)."""
+        """`[N, 1]`: the log-density of the executed `act_steps × act_dim` entries, summed (the exact joint)
+        or averaged (`rl.logprob_reduction`)."""
         lp = self.elementwise_logprob(obs, sample)
         return self.reduce_entries(lp[:, None, : self.policy.config.act_steps])
 
@@ -76,6 +73,15 @@ class GaussianChunkPPO(Algorithm):
 class GaussianPPO(GaussianChunkPPO):
     name = "ppo"
     config_cls = GaussianPPOConfig
+    logprob_reduction = "mean"
+    rl_defaults: ClassVar[dict[str, Any]] = {
+        "logprob_reduction": "mean", "clip_eps": 0.01, "actor_lr": 1e-4, "critic_lr": 1e-3, "update_epochs": 10,
+        "target_kl": 1.0,
+    }
+    """DPPO's Gaussian fine-tuning baseline (Ren et al. 2024, `ft_ppo_gaussian_mlp`): the mean per-entry
+    log-density, clip 0.01, actor lr 1e-4, critic lr 1e-3, 10 epochs, KL early stop at 1. These fit a policy
+    that starts from BC with a small σ. CleanRL's values for training from scratch (the exact joint density,
+    clip 0.2, lr 3e-4, 4 epochs, target KL 0.1) move such a policy by hundreds of nats of KL in one Adam step."""
 
     def __init__(self, policy: GaussianPolicy, cfg: GaussianPPOConfig) -> None:
         if not isinstance(policy, GaussianPolicy):

@@ -42,14 +42,17 @@ def test_first_actor_update_is_healthy_with_defaults(tmp_path, tiny_sources, alg
 def test_a_user_flag_wins_over_the_algorithm_default(tmp_path, tiny_sources):
     _finetune(tiny_sources["gaussian"], tmp_path / "ppo", "ppo", "--rl.clip_eps", "0.05")
     saved = json.loads((tmp_path / "ppo" / "config.json").read_text())["run"]["rl"]
-    assert saved["clip_eps"] == 0.05 and saved["logprob_reduction"] == "sum"
+    assert saved["clip_eps"] == 0.05 and saved["logprob_reduction"] == "mean" and saved["actor_lr"] == 1e-4
 
 
 def test_algorithms_declare_different_defaults():
-    """The summed-density algorithms do not run on DPPO's clip range (the bug this guards against)."""
+    """The summed-density algorithms do not run on DPPO's clip range (the bug this guards against), and Gaussian
+    PPO from a BC runs on DPPO's Gaussian baseline's values, not CleanRL's from-scratch ones."""
     dppo, ppo = FinetuneConfig.for_algorithm("dppo").rl, FinetuneConfig.for_algorithm("ppo").rl
+    residual = FinetuneConfig.for_algorithm("residual_ppo").rl
     assert dppo.clip_eps == PPOConfig().clip_eps and dppo.logprob_reduction == "mean"
-    assert ppo.clip_eps == 0.2 and ppo.logprob_reduction == "sum"
+    assert residual.clip_eps == 0.2 and residual.logprob_reduction == "sum"
+    assert (ppo.logprob_reduction, ppo.clip_eps, ppo.actor_lr, ppo.target_kl) == ("mean", 0.01, 1e-4, 1.0)
 
 
 def test_dppo_runs_from_a_ddim_policy_with_default_flags(tmp_path, tiny_sources):

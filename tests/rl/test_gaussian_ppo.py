@@ -26,8 +26,10 @@ def test_logprob_and_entropy_equal_torch_distributions():
 
     cond = policy.normalizer.normalize("state", obs["state"]).reshape(5, -1)
     dist = torch.distributions.Normal(policy.mean_net(cond).view(5, 4, 2), policy.std())
-    expected = dist.log_prob(chunk)[:, :2].sum(dim=(1, 2))  # the executed act_steps only
-    assert torch.allclose(out.logprob[:, 0], expected, atol=1e-5)
+    executed = dist.log_prob(chunk)[:, :2]  # the executed act_steps only
+    assert torch.allclose(out.logprob[:, 0], executed.mean(dim=(1, 2)), atol=1e-5)  # the default, DPPO's
+    algo.logprob_reduction = "sum"  # the exact joint density (`--rl.logprob_reduction sum`)
+    assert torch.allclose(algo.logprob(obs, out.sample)[:, 0], executed.sum(dim=(1, 2)), atol=1e-5)
     loss, metrics = algo.extra_loss(obs, out.sample)
     entropy = dist.entropy()[:, :2].sum(dim=(1, 2)).mean()
     assert torch.allclose(loss, -0.1 * entropy, atol=1e-5)
