@@ -65,6 +65,10 @@ METHODS = {
 """Method → (`--algo`, the checkpoint it starts from). Gaussian PPO runs from its BC and from scratch; the chains'
 residual PPO (open loop, and closed loop: `residual_ppo_step`) from the filtered BC of the diffusion BC."""
 
+FROM_SCRATCH_RL = ["--rl.logprob_reduction", "sum", "--rl.clip_eps", "0.2", "--rl.actor_lr", "3e-4", "--rl.critic_lr",
+                   "3e-4", "--rl.update_epochs", "4", "--rl.target_kl", "0.1"]
+"""Gaussian PPO from scratch runs on CleanRL's values (its defaults are DPPO's, for fine-tuning a BC)."""
+
 BASELINE = {"filtered_bc": "diffusion_bc"}
 """A chain's run is compared with the BC its chain started from, not with its intermediate stage."""
 
@@ -131,7 +135,7 @@ def _finetune_argv(args: argparse.Namespace, algo: str, seed: int, source: Path,
     if args.steps_per_iter:
         argv += ["--rl.steps_per_iter", str(args.steps_per_iter)]
     if source.name == "gaussian_init":
-        argv += ["--env.reward_mode", args.baseline_reward]
+        argv += ["--env.reward_mode", args.baseline_reward, *FROM_SCRATCH_RL]
     return argv
 
 
