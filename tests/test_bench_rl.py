@@ -23,7 +23,7 @@ def test_scratch_runs_get_cleanrl_values_and_bc_runs_the_defaults(tmp_path, monk
     rl = {}
     for source in ("gaussian_init", "gaussian_bc"):
         argv = bench._finetune_argv(args, "ppo", 0, tmp_path / source, tmp_path / f"run_{source}")
-        flags = {k: v for k, v in parse_override_args(argv[argv.index("--seed") + 2:]).items() if k.startswith("rl.")}
+        flags = {k: v for k, v in parse_override_args(argv[1:]).items() if k.startswith("rl.")}  # argv[0]: finetune
         rl[source] = apply_overrides(FinetuneConfig.for_algorithm("ppo"), flags).rl
     scratch, from_bc = rl["gaussian_init"], rl["gaussian_bc"]
     assert (scratch.logprob_reduction, scratch.clip_eps, scratch.actor_lr, scratch.target_kl) == ("sum", 0.2, 3e-4, 0.1)

@@ -73,7 +73,6 @@ class GaussianChunkPPO(Algorithm):
 class GaussianPPO(GaussianChunkPPO):
     name = "ppo"
     config_cls = GaussianPPOConfig
-    logprob_reduction = "mean"
     rl_defaults: ClassVar[dict[str, Any]] = {
         "logprob_reduction": "mean", "clip_eps": 0.01, "actor_lr": 1e-4, "critic_lr": 1e-3, "update_epochs": 10,
         "target_kl": 1.0,
@@ -82,6 +81,7 @@ class GaussianPPO(GaussianChunkPPO):
     log-density, clip 0.01, actor lr 1e-4, critic lr 1e-3, 10 epochs, KL early stop at 1. These fit a policy
     that starts from BC with a small σ. CleanRL's values for training from scratch (the exact joint density,
     clip 0.2, lr 3e-4, 4 epochs, target KL 0.1) move such a policy by hundreds of nats of KL in one Adam step."""
+    logprob_reduction = rl_defaults["logprob_reduction"]
 
     def __init__(self, policy: GaussianPolicy, cfg: GaussianPPOConfig) -> None:
         if not isinstance(policy, GaussianPolicy):
