@@ -55,7 +55,13 @@ class Algorithm(abc.ABC):
     exploration_flags: ClassVar[str] = ""
     """The flags that set this algorithm's exploration noise, named when exploring breaks the starting policy."""
     logprob_reduction: str = "mean"
-    """`mean` or `sum` over a transition's entries, or `none` (set from `rl.logprob_reduction` by `make_algorithm`)."""
+    """`mean` or `sum` over a transition's entries, or `none`: a class's own is its `rl_defaults`' (`mean`, the PPO
+    core's, where they do not say), and `make_algorithm` sets a run's from `rl.logprob_reduction`."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # So that an algorithm built directly (library use, unit tests) scores as its runs do by default.
+        cls.logprob_reduction = cls.rl_defaults.get("logprob_reduction", Algorithm.logprob_reduction)
 
     def reduce_entries(self, logprob: torch.Tensor) -> torch.Tensor:
         """`[N, K, ...]` per-entry log-densities → `[N, K]`: their mean or sum (`logprob_reduction`); with `none`,

@@ -50,7 +50,6 @@ class GaussianChunkPPO(Algorithm):
     same entries."""
 
     cfg: EntropyBonusConfig
-    logprob_reduction = "sum"
 
     @abc.abstractmethod
     def elementwise_logprob(self, obs: Obs, sample: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -81,7 +80,6 @@ class GaussianPPO(GaussianChunkPPO):
     log-density, clip 0.01, actor lr 1e-4, critic lr 1e-3, 10 epochs, KL early stop at 1. These fit a policy
     that starts from BC with a small σ. CleanRL's values for training from scratch (the exact joint density,
     clip 0.2, lr 3e-4, 4 epochs, target KL 0.1) move such a policy by hundreds of nats of KL in one Adam step."""
-    logprob_reduction = rl_defaults["logprob_reduction"]
 
     def __init__(self, policy: GaussianPolicy, cfg: GaussianPPOConfig) -> None:
         if not isinstance(policy, GaussianPolicy):

@@ -55,6 +55,13 @@ def test_algorithms_declare_different_defaults():
     assert (ppo.logprob_reduction, ppo.clip_eps, ppo.actor_lr, ppo.target_kl) == ("mean", 0.01, 1e-4, 1.0)
 
 
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_an_algorithm_built_directly_scores_as_its_runs_do(algo):
+    """The class's log-density reduction is the one its runs resolve (Flow-SDE's `none`, residual PPO's `sum`),
+    so a library user or a unit test that builds it without `make_algorithm` clips the same ratios."""
+    assert ALGORITHMS[algo].logprob_reduction == FinetuneConfig.for_algorithm(algo).rl.logprob_reduction
+
+
 def test_dppo_runs_from_a_ddim_policy_with_default_flags(tmp_path, tiny_sources):
     """dppo.ft_denoising_steps (DPPO's 10) is capped at the sampler's own number of steps (here DDIM's 4)."""
     _finetune(tiny_sources["ddim"], tmp_path / "dppo_ddim", "dppo")
